@@ -1,0 +1,30 @@
+"""The GPU-test record: which kernel-side sources the GPU tests last passed on.
+
+CI has no GPU. The GPU test run writes ``tests/gpu_attestation.json`` with a hash of the
+kernel-side sources; a CPU test fails when the sources no longer match it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORD = ROOT / "tests" / "gpu_attestation.json"
+# Modules that cannot change what runs on the GPU (host-side tooling only).
+HOST_ONLY = frozenset({"nmgen/cli.py", "nmgen/export.py", "nmgen/attestation.py",
+                       "nmgen/space.py"})
+
+
+def kernel_side_files(root: Path = ROOT) -> list[Path]:
+    """Templates and every package module that can change a kernel or its launch."""
+    files = sorted(root.glob("templates/*.j2")) + sorted(root.glob("nmgen/**/*.py"))
+    return [f for f in files if f.relative_to(root).as_posix() not in HOST_ONLY]
+
+
+def source_hash(root: Path = ROOT) -> str:
+    digest = hashlib.sha256()
+    for path in kernel_side_files(root):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes().replace(b"\r\n", b"\n") + b"\0")
+    return digest.hexdigest()

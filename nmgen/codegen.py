@@ -1,0 +1,81 @@
+"""Code generation: one Jinja2 template per kernel family renders one configuration."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+
+from .config import ALayout, Family, KernelConfig
+from .model import min_blocks_per_sm
+from .version import __version__
+
+TEMPLATE_OF_FAMILY = {Family.F32_SIMT: "nm_spmm_f32.cu.j2"}
+MAX_FULL_UNROLL = 64  # compressed rows per stage unrolled completely; beyond, by 8
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    config: KernelConfig
+    code: str
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def entry_points(self) -> tuple[str, ...]:
+        if self.config.split_k > 1:
+            return (self.name, f"{self.name}_reduce")
+        return (self.name,)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.code.encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FunctionLoader(_load_template),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def _load_template(name: str) -> str:
+    return (templates_dir() / name).read_text()
+
+
+def templates_dir() -> Path:
+    """Installed templates (``nmgen.templates``), else the source tree's ``templates/``."""
+    try:
+        return Path(str(resources.files("nmgen.templates")))
+    except ModuleNotFoundError:  # running from a checkout that is not installed
+        return Path(__file__).resolve().parent.parent / "templates"
+
+
+def template_text(family: Family) -> str:
+    return _load_template(TEMPLATE_OF_FAMILY[family])
+
+
+@functools.lru_cache(maxsize=1024)
+def render(config: KernelConfig) -> KernelSource:
+    """The CUDA source of ``config``, with a header naming it and the nmgen version."""
+    template = _environment().get_template(TEMPLATE_OF_FAMILY[config.family])
+    code = template.render(
+        c=config,
+        name=config.name,
+        version=__version__,
+        config_items=sorted(config.to_dict().items()),
+        row_major=config.a_layout is ALayout.ROW_MAJOR,
+        unroll_w=config.ws if config.ws <= MAX_FULL_UNROLL else 8,
+        min_blocks=min_blocks_per_sm(config),
+    )
+    return KernelSource(config, code)

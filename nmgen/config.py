@@ -1,0 +1,253 @@
+"""``KernelConfig``: one template instance, validated, named and serialisable (DESIGN §2)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, fields
+from enum import Enum
+from typing import Any
+
+from .format import MAX_M
+
+
+class ALayout(str, Enum):
+    """Memory layout of the dense operand ``A`` (logically ``M×K``)."""
+
+    ROW_MAJOR = "rm"  # M×K, K contiguous: what frameworks hold
+    K_MAJOR = "km"  # K×M, M contiguous: the seed paper's layout
+
+
+class Arch(str, Enum):
+    SM80 = "sm_80"
+    SM86 = "sm_86"
+    SM89 = "sm_89"
+    SM90 = "sm_90"
+
+    @property
+    def number(self) -> int:
+        return int(self.value[3:])
+
+    @property
+    def max_smem_per_block(self) -> int:
+        """Opt-in dynamic shared memory per block, in bytes."""
+        return {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}[self.number]
+
+
+class Family(str, Enum):
+    """Kernel families; the FP32 CUDA-core one is the first."""
+
+    F32_SIMT = "f32"
+
+
+MAX_THREADS = 1024
+MAX_REGISTERS = 255
+MAX_STAGES = 3
+REGISTERS_PER_SM = 65536
+
+
+class ConfigError(ValueError):
+    """A configuration that breaks a rule; the message names the rule."""
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    n: int
+    m: int
+    vec: int  # L
+    ms: int
+    ns: int
+    ks: int
+    mt: int
+    nt: int
+    warp_m: int = 8  # lanes of a warp along M ...
+    warp_n: int = 4  # ... and along N (warp_m · warp_n = 32)
+    packing: bool = False
+    stages: int = 2
+    split_k: int = 1
+    a_layout: ALayout = ALayout.ROW_MAJOR
+    arch: Arch = Arch.SM90
+    family: Family = Family.F32_SIMT
+
+    def __post_init__(self) -> None:
+        for name, enum in (("a_layout", ALayout), ("arch", Arch), ("family", Family)):
+            value = getattr(self, name)
+            if not isinstance(value, enum):
+                try:
+                    object.__setattr__(self, name, enum(value))
+                except ValueError:
+                    allowed = ", ".join(e.value for e in enum)
+                    raise ConfigError(f"{name}={value!r}: expected one of {allowed}") from None
+        object.__setattr__(self, "packing", bool(self.packing))
+        for rule, ok in self._rules():
+            if not ok:
+                raise ConfigError(f"{self.name}: violates rule '{rule}'")
+
+    # ----------------------------------------------------------------- derived sizes
+    @property
+    def ws(self) -> int:
+        """Compressed rows of ``B'`` per main-loop stage."""
+        return self.ks * self.n // self.m
+
+    @property
+    def threads(self) -> int:
+        return (self.ms // self.mt) * (self.ns // self.nt)
+
+    @property
+    def warps_m(self) -> int:
+        return self.ms // (self.mt * self.warp_m)
+
+    @property
+    def warps_n(self) -> int:
+        return self.ns // (self.nt * self.warp_n)
+
+    @property
+    def block_groups(self) -> int:
+        """Column groups of ``L`` touched by one block."""
+        return max(1, self.ns // self.vec)
+
+    @property
+    def thread_groups(self) -> int:
+        """Column groups of ``L`` covered by one thread's ``NT`` columns."""
+        return max(1, self.nt // self.vec)
+
+    @property
+    def a_rows(self) -> int:
+        """Rows of ``A`` (dense-K positions) held in shared memory per stage."""
+        if self.packing:
+            return min(self.ks, self.ws * self.block_groups)
+        return self.ks
+
+    @property
+    def a_stride(self) -> int:
+        """Shared-memory row stride of the A tile, in floats.
+
+        Row-major A is transposed on its way into shared memory by 4-byte copies; the
+        4-float pad spreads 8 consecutive K rows of a warp's store over all 32 banks.
+        """
+        return self.ms + (4 if self.a_layout is ALayout.ROW_MAJOR else 0)
+
+    @property
+    def registers_estimate(self) -> int:
+        """Registers per thread: accumulators, an A fragment per column group and a B
+        fragment, addressing and loop state (the model's estimate; the nvcc tests keep it
+        in step with ptxas: no spills under the launch bounds it implies)."""
+        fragments = self.mt * self.thread_groups + self.nt
+        # Packing reads its row table while loading; a single stage keeps more live.
+        packing_table = 32 if self.packing else 0
+        single_stage = 8 if self.stages == 1 else 0
+        split = 8 if self.split_k > 1 else 0
+        extra = packing_table + single_stage + split
+        return max(self.mt * self.nt + fragments + 48 + extra, 80)
+
+    @property
+    def pos_words(self) -> int:
+        """int32 words of the per-stage index table (A-tile row of every kept row), 16-B padded."""
+        return -(-self.block_groups * self.ws // 4) * 4
+
+    @property
+    def stage_words(self) -> tuple[int, int, int]:
+        """Floats/ints per stage: (A tile, B' tile, index table)."""
+        return self.a_rows * self.a_stride, self.ws * self.ns, self.pos_words
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory per block."""
+        return 4 * self.stages * sum(self.stage_words)
+
+    def _rules(self) -> list[tuple[str, bool]]:
+        pos = all(v >= 1 for v in (self.n, self.m, self.vec, self.ms, self.ns, self.ks,
+                                   self.mt, self.nt, self.warp_m, self.warp_n, self.stages,
+                                   self.split_k))
+        if not pos:
+            return [("all sizes >= 1", False)]
+        return [
+            ("1 <= n <= m", self.n <= self.m),
+            (f"m <= {MAX_M}", self.m <= MAX_M),
+            ("KS % m == 0", self.ks % self.m == 0),
+            ("NS % L == 0 or L % NS == 0", self.ns % self.vec == 0 or self.vec % self.ns == 0),
+            ("NT % L == 0 or L % NT == 0", self.nt % self.vec == 0 or self.vec % self.nt == 0),
+            ("MT % 4 == 0 and NT % 4 == 0 (float4 fragments)", self.mt % 4 == 0
+             and self.nt % 4 == 0),
+            ("warp_m * warp_n == 32", self.warp_m * self.warp_n == 32),
+            ("MS % (MT * warp_m) == 0", self.ms % (self.mt * self.warp_m) == 0),
+            ("NS % (NT * warp_n) == 0", self.ns % (self.nt * self.warp_n) == 0),
+            (f"threads = (MS/MT)*(NS/NT) <= {MAX_THREADS}", self.threads <= MAX_THREADS),
+            ("MT * NT <= 128 accumulators", self.mt * self.nt <= 128),
+            (f"1 <= stages <= {MAX_STAGES}", self.stages <= MAX_STAGES),
+            ("KS <= 1024", self.ks <= 1024),
+            (f"registers (~{self.registers_estimate}) <= {MAX_REGISTERS}",
+             self.registers_estimate <= MAX_REGISTERS),
+            (f"threads * registers ({self.threads} * ~{self.registers_estimate}) <= "
+             f"{REGISTERS_PER_SM} per SM", self.threads * self.registers_estimate
+             <= REGISTERS_PER_SM),
+            (f"shared memory {self.smem_bytes} B <= {self.arch.max_smem_per_block} B "
+             f"({self.arch.value} limit per block)",
+             self.smem_bytes <= self.arch.max_smem_per_block),
+        ]
+
+    # ----------------------------------------------------------------- naming
+    @property
+    def name(self) -> str:
+        """Canonical name stating every parameter, CUTLASS style.
+
+        e.g. ``nm_spmm_f32_n8m32l32_ms128ns128ks32_mt8nt8_w8x4_pack_s2_k1_rm_sm90``
+        """
+        pack = "pack" if self.packing else "nopack"
+        return (
+            f"nm_spmm_{self.family.value}_n{self.n}m{self.m}l{self.vec}"
+            f"_ms{self.ms}ns{self.ns}ks{self.ks}_mt{self.mt}nt{self.nt}"
+            f"_w{self.warp_m}x{self.warp_n}_{pack}_s{self.stages}_k{self.split_k}"
+            f"_{self.a_layout.value}_{self.arch.value.replace('_', '')}"
+        )
+
+    @classmethod
+    def from_name(cls, name: str) -> KernelConfig:
+        match = _NAME_RE.match(name)
+        if not match:
+            raise ConfigError(f"{name!r} is not a kernel name (e.g. {_EXAMPLE_NAME})")
+        g = match.groupdict()
+        ints = {k: int(v) for k, v in g.items() if k not in ("family", "pack", "layout", "arch")}
+        return cls(
+            **ints,
+            packing=g["pack"] == "pack",
+            a_layout=ALayout(g["layout"]),
+            arch=Arch(f"sm_{g['arch']}"),
+            family=Family(g["family"]),
+        )
+
+    # ----------------------------------------------------------------- JSON
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for key in ("a_layout", "arch", "family"):
+            d[key] = d[key].value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> KernelConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"unknown configuration keys: {sorted(unknown)}")
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> KernelConfig:
+        return cls.from_dict(json.loads(text))
+
+    def replace(self, **changes: Any) -> KernelConfig:
+        d = self.to_dict()
+        d.update(changes)
+        return KernelConfig.from_dict(d)
+
+
+_NAME_RE = re.compile(
+    r"^nm_spmm_(?P<family>[a-z0-9]+)_n(?P<n>\d+)m(?P<m>\d+)l(?P<vec>\d+)"
+    r"_ms(?P<ms>\d+)ns(?P<ns>\d+)ks(?P<ks>\d+)_mt(?P<mt>\d+)nt(?P<nt>\d+)"
+    r"_w(?P<warp_m>\d+)x(?P<warp_n>\d+)_(?P<pack>pack|nopack)_s(?P<stages>\d+)"
+    r"_k(?P<split_k>\d+)_(?P<layout>rm|km)_sm(?P<arch>\d+)$"
+)
+_EXAMPLE_NAME = "nm_spmm_f32_n8m32l32_ms128ns128ks32_mt8nt8_w8x4_pack_s2_k1_rm_sm90"

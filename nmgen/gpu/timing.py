@@ -1,0 +1,52 @@
+"""Timing on the device (DESIGN §4): CUDA events, warm-up, median of repeats, and
+compiling many kernels ahead of timing in a process pool."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+
+from ..codegen import render
+from ..config import KernelConfig
+from .launch import NVRTC_OPTIONS, _cupy
+
+
+def time_ms(fn: Callable[[int], object], warmup: int = 3, repeat: int = 20) -> float:
+    """Median milliseconds of ``fn(i)`` (``i`` lets the caller rotate inputs), timed with
+    CUDA events on the current stream, after ``warmup`` untimed calls."""
+    cp = _cupy()
+    for i in range(warmup):
+        fn(i)
+    stream = cp.cuda.get_current_stream()
+    times = []
+    for i in range(repeat):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record(stream)
+        fn(i)
+        stop.record(stream)
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop))
+    return statistics.median(times)
+
+
+def _compile_one(config_json: str) -> str | None:
+    """Worker: compile through NVRTC so that CuPy's on-disk cache holds the result."""
+    cp = _cupy()
+    config = KernelConfig.from_json(config_json)
+    try:
+        cp.RawModule(code=render(config).code, options=NVRTC_OPTIONS,
+                     backend="nvrtc").compile()
+    except Exception as exc:  # reported, not raised: one bad kernel must not stop a batch
+        return f"{config.name}: {exc}"
+    return None
+
+
+def precompile(configs: Sequence[KernelConfig], workers: int = 8) -> list[str]:
+    """Compile ``configs`` in parallel processes; return the errors (empty when none)."""
+    jobs = [c.to_json() for c in configs]
+    if workers <= 1 or len(jobs) <= 1:
+        return [e for e in map(_compile_one, jobs) if e]
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        return [e for e in pool.map(_compile_one, jobs) if e]

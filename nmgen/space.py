@@ -1,0 +1,75 @@
+"""The configuration space of a pattern: the values each parameter may take.
+
+The tuner searches it; the tests sample it. Sampling draws each parameter from its
+candidate list and keeps only what ``KernelConfig`` accepts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .config import ALayout, Arch, ConfigError, KernelConfig
+
+MS_CHOICES = (16, 32, 64, 128, 256)
+NS_CHOICES = (32, 64, 128, 256)
+MT_CHOICES = (4, 8, 16)
+NT_CHOICES = (4, 8, 16)
+WARP_LAYOUTS = ((8, 4), (4, 8), (16, 2), (2, 16), (32, 1), (1, 32))
+KS_WINDOWS = (1, 2, 4, 8)  # KS = m·windows
+STAGE_CHOICES = (1, 2, 3)
+SPLIT_K_CHOICES = (1, 2, 3, 4)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What a configuration must fit: pattern, vector length, A layout, arch."""
+
+    n: int
+    m: int
+    vec: int
+    a_layout: ALayout = ALayout.ROW_MAJOR
+    arch: Arch = Arch.SM90
+
+
+def ks_choices(m: int) -> list[int]:
+    return [m * w for w in KS_WINDOWS if m * w <= 256] or [m]
+
+
+def try_config(problem: Problem, **params: int | bool) -> KernelConfig | None:
+    """The configuration, or ``None`` where it breaks a rule."""
+    try:
+        return KernelConfig(n=problem.n, m=problem.m, vec=problem.vec,
+                            a_layout=problem.a_layout, arch=problem.arch, **params)
+    except ConfigError:
+        return None
+
+
+def random_config(problem: Problem, rng: random.Random, max_tries: int = 10000,
+                  max_threads: int = 1024) -> KernelConfig:
+    """A uniformly drawn valid configuration (rejection sampling)."""
+    for _ in range(max_tries):
+        warp_m, warp_n = rng.choice(WARP_LAYOUTS)
+        config = try_config(
+            problem,
+            ms=rng.choice(MS_CHOICES), ns=rng.choice(NS_CHOICES), ks=rng.choice(ks_choices(
+                problem.m)), mt=rng.choice(MT_CHOICES), nt=rng.choice(NT_CHOICES),
+            warp_m=warp_m, warp_n=warp_n, packing=rng.random() < 0.5,
+            stages=rng.choice(STAGE_CHOICES), split_k=rng.choice(SPLIT_K_CHOICES),
+        )
+        if config is not None and config.threads <= max_threads:
+            return config
+    raise ConfigError(f"no valid configuration found for {problem}")
+
+
+def enumerate_configs(problem: Problem) -> Iterator[KernelConfig]:
+    """Every valid configuration of the space (split-K 1), in a fixed order."""
+    grid = itertools.product(MS_CHOICES, NS_CHOICES, ks_choices(problem.m), MT_CHOICES,
+                             NT_CHOICES, WARP_LAYOUTS, (False, True), STAGE_CHOICES)
+    for ms, ns, ks, mt, nt, (warp_m, warp_n), packing, stages in grid:
+        config = try_config(problem, ms=ms, ns=ns, ks=ks, mt=mt, nt=nt, warp_m=warp_m,
+                            warp_n=warp_n, packing=packing, stages=stages)
+        if config is not None:
+            yield config

@@ -1,0 +1,68 @@
+"""nvcc compiles every variant of every family for sm_80 and sm_90: no spills, at most 255
+registers, shared memory as KernelConfig computes it (a static_assert in the source ties
+the template's layout to ``smem_bytes``). Required in CI (NMGEN_REQUIRE_NVCC=1)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+import nmgen
+from nmgen.compile import compile_with_nvcc, parse_ptxas_report
+from nmgen.config import ALayout, Arch, ConfigError, Family
+from nmgen.space import Problem, random_config
+
+pytestmark = pytest.mark.nvcc
+
+# Every template branch: A layout x packing x pipeline depth x split-K, on both arches.
+VARIANTS = list(itertools.product(list(ALayout), (False, True), (1, 2, 3), (1, 3),
+                                  (Arch.SM80, Arch.SM90)))
+
+
+def variant_config(layout, packing, stages, split_k, arch, seed) -> nmgen.KernelConfig:
+    rng = random.Random(seed)
+    while True:
+        problem = Problem(*rng.choice([(2, 4), (8, 32), (4, 16), (3, 7), (16, 64)]),
+                          rng.choice([4, 8, 32, 128]), a_layout=layout, arch=arch)
+        try:
+            return random_config(problem, rng, max_threads=512).replace(
+                packing=packing, stages=stages, split_k=split_k)
+        except ConfigError:  # e.g. more stages no longer fit in shared memory
+            continue
+
+
+@pytest.mark.parametrize("layout, packing, stages, split_k, arch", VARIANTS,
+                         ids=lambda v: getattr(v, "value", str(v)))
+def test_variant_compiles_within_resources(layout, packing, stages, split_k, arch):
+    config = variant_config(layout, packing, stages, split_k, arch,
+                            seed=random.randrange(1 << 30))
+    compiled = compile_with_nvcc(nmgen.render(config))
+    assert set(compiled.resources) == set(nmgen.render(config).entry_points), compiled.log
+    for entry, res in compiled.resources.items():
+        assert res.spill_stores == 0 and res.spill_loads == 0, f"{entry} spills: {res}"
+        assert res.registers <= 255
+        assert res.static_smem == 0  # all shared memory is the dynamic smem_bytes
+    main = compiled.resources[config.name]
+    assert main.registers * config.threads <= 65536, f"{config.name}: {main}"
+
+
+def test_every_family_has_a_compiled_sample():
+    assert {c.family for c in [nmgen.KernelConfig(2, 4, 8, 64, 64, 16, 4, 4)]} == set(Family)
+
+
+def test_ptx_output():
+    compiled = compile_with_nvcc(nmgen.render(nmgen.KernelConfig(2, 4, 8, 64, 64, 16, 4, 4)),
+                                 output="ptx")
+    assert ".entry" in compiled.path.read_text()
+
+
+def test_ptxas_report_parser():
+    log = ("ptxas info    : Compiling entry function 'k1' for 'sm_90'\n"
+           "ptxas info    : Function properties for k1\n"
+           "    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n"
+           "ptxas info    : Used 99 registers, used 1 barriers, 256 bytes smem\n")
+    res = parse_ptxas_report(log)["k1"]
+    assert (res.registers, res.spill_stores, res.spill_loads, res.stack_bytes,
+            res.static_smem) == (99, 4, 12, 8, 256)

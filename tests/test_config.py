@@ -1,0 +1,72 @@
+"""KernelConfig: validation names the rule; names and JSON round-trip."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from nmgen.config import ALayout, Arch, ConfigError, KernelConfig
+from nmgen.space import Problem, enumerate_configs, random_config
+
+BASE = dict(n=8, m=32, vec=32, ms=128, ns=128, ks=32, mt=8, nt=8)
+
+
+def test_name_states_every_parameter():
+    config = KernelConfig(**BASE, packing=True, stages=3, split_k=2, a_layout="km",
+                          arch="sm_80")
+    assert config.name == "nm_spmm_f32_n8m32l32_ms128ns128ks32_mt8nt8_w8x4_pack_s3_k2_km_sm80"
+    assert KernelConfig.from_name(config.name) == config
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_json_and_name_round_trip(seed):
+    rng = random.Random(seed)
+    problem = Problem(*rng.choice([(2, 4), (16, 32), (4, 8), (3, 7)]), rng.choice([8, 32, 128]),
+                      a_layout=rng.choice(list(ALayout)), arch=rng.choice(list(Arch)))
+    config = random_config(problem, rng)
+    assert KernelConfig.from_json(config.to_json()) == config
+    assert KernelConfig.from_name(config.name) == config
+
+
+@pytest.mark.parametrize("change, rule", [
+    (dict(ks=48), "KS % m == 0"),
+    (dict(n=40), "1 <= n <= m"),
+    (dict(vec=48), "NS % L == 0 or L % NS == 0"),
+    (dict(mt=6), "MT % 4 == 0"),
+    (dict(warp_m=4), "warp_m * warp_n == 32"),
+    (dict(ms=96), "MS % (MT * warp_m) == 0"),
+    (dict(ns=64, warp_n=16, warp_m=2), "NS % (NT * warp_n) == 0"),
+    (dict(stages=4), "1 <= stages <= 3"),
+    (dict(ms=256, ns=256, mt=4, nt=4), "threads"),
+    (dict(ks=256, ms=256, stages=3), "shared memory"),
+    (dict(split_k=0), "all sizes >= 1"),
+])
+def test_violations_name_the_rule(change, rule):
+    with pytest.raises(ConfigError, match="rule '.*" + rule.replace("(", r"\(").replace(
+            ")", r"\)").replace("*", r"\*")):
+        KernelConfig(**{**BASE, **change})
+
+
+def test_bad_enum_values_are_named():
+    with pytest.raises(ConfigError, match="a_layout"):
+        KernelConfig(**BASE, a_layout="col")
+    with pytest.raises(ConfigError, match="arch"):
+        KernelConfig(**BASE, arch="sm_70")
+    with pytest.raises(ConfigError, match="unknown configuration keys"):
+        KernelConfig.from_dict({**BASE, "tile": 3})
+
+
+def test_shared_memory_follows_the_design_formula():
+    config = KernelConfig(**BASE, stages=2, a_layout="km")
+    a_tile, b_tile, index = 4 * 128 * 32, 4 * 8 * 128, 4 * 4 * 8
+    assert config.smem_bytes == 2 * (a_tile + b_tile + index)
+    packed = KernelConfig(**{**BASE, "ks": 128}, stages=2, a_layout="km", packing=True)
+    assert packed.a_rows == min(128, packed.ws * 4)
+
+
+def test_space_holds_only_valid_configs():
+    configs = list(enumerate_configs(Problem(16, 32, 32)))
+    assert len(configs) > 1000
+    assert len({c.name for c in configs}) == len(configs)
+    assert all(c.smem_bytes <= c.arch.max_smem_per_block for c in configs)

@@ -1,0 +1,136 @@
+"""GPU: generated kernels against the float64 reference, on fresh random data.
+
+Every case draws a configuration, pattern and shape at random (odd K and N, M including
+1, 3, 17, 255 and 1000), poisons the output with NaN, launches, and compares with
+``nmgen.reference`` computed in float64 from the compressed form.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+
+import nmgen
+from nmgen.config import ALayout
+from nmgen.space import Problem, random_config
+
+pytestmark = pytest.mark.gpu
+
+PATTERNS = [(2, 4), (1, 4), (2, 8), (4, 8), (4, 16), (8, 16), (16, 32), (12, 32), (8, 32),
+            (4, 32), (16, 64), (8, 64), (3, 7)]
+VECS = [8, 16, 32, 64, 128, 8, 16, 32, 4, 1]
+M_EDGES = [1, 3, 17, 255, 1000]
+CONFIGS = 64
+SHAPES_PER_CONFIG = 5
+RTOL = 1e-5
+SEED = int.from_bytes(os.urandom(4), "little")  # fresh every run; printed on failure
+
+
+def relative_error(out, ref) -> float:
+    import cupy as cp
+
+    out64 = cp.asarray(out, dtype=cp.float64)
+    return float(cp.linalg.norm(out64 - ref) / max(float(cp.linalg.norm(ref)), 1e-30))
+
+
+def make_a(rng: np.random.Generator, m_rows: int, k: int, layout: ALayout):
+    """Random logical M×K operand in the kernel's layout (K-major: a K×M array, viewed .T)."""
+    import cupy as cp
+
+    if layout is ALayout.ROW_MAJOR:
+        return cp.asarray(rng.standard_normal((m_rows, k), dtype=np.float32))
+    return cp.asarray(rng.standard_normal((k, m_rows), dtype=np.float32)).T
+
+
+def check_case(kernel: nmgen.Kernel, rng: np.random.Generator, m_rows: int, k: int,
+               n_cols: int) -> float:
+    import cupy as cp
+
+    c = kernel.config
+    w = rng.standard_normal((k, n_cols), dtype=np.float32)
+    b = nmgen.prune(w, (c.n, c.m), c.vec)
+    a = make_a(rng, m_rows, k, c.a_layout)
+    out = cp.full((m_rows, n_cols), cp.nan, cp.float32)  # poison: unwritten shows as NaN
+    kernel(a, b, out=out)
+    cp.cuda.Device().synchronize()
+    ref = nmgen.reference(a, b)
+    assert not bool(cp.isnan(out).any()), "output left unwritten (NaN poison survived)"
+    return relative_error(out, ref)
+
+
+@pytest.mark.parametrize("case", range(CONFIGS))
+def test_random_config_matches_reference(case, gpu_cases):
+    pick = random.Random(SEED * 1000 + case)
+    rng = np.random.default_rng(SEED * 1000 + case)
+    n, m = pick.choice(PATTERNS)
+    problem = Problem(n, m, pick.choice(VECS), a_layout=pick.choice(list(ALayout)))
+    config = random_config(problem, pick)
+    kernel = nmgen.Kernel(config)
+    for i in range(SHAPES_PER_CONFIG):
+        m_rows = M_EDGES[(case + i) % len(M_EDGES)] if i < 3 else pick.randint(1, 300)
+        k = pick.randint(1, 400) | 1  # odd K
+        n_cols = pick.randint(1, 300) | 1  # odd N
+        err = check_case(kernel, rng, m_rows, k, n_cols)
+        assert err < RTOL, (f"{config.name} M={m_rows} K={k} N={n_cols}: relative error "
+                            f"{err:.3g} (seed {SEED})")
+        gpu_cases["kernel_cases"] += 1
+
+
+@pytest.mark.parametrize("layout", list(ALayout))
+@pytest.mark.parametrize("packing", [False, True])
+def test_llama_size_problem(layout, packing, gpu_cases):
+    """A large K (long fp32 accumulation) with the benchmark's tile shapes."""
+    config = nmgen.KernelConfig(8, 32, 32, 128, 128, 64, 8, 8, packing=packing,
+                                a_layout=layout)
+    rng = np.random.default_rng(SEED)
+    err = check_case(nmgen.Kernel(config), rng, 1000, 4096 + 13, 1536 + 5)
+    assert err < RTOL, f"{config.name}: relative error {err:.3g} (seed {SEED})"
+    gpu_cases["kernel_cases"] += 1
+
+
+def test_torch_in_torch_out_on_current_stream(gpu_cases):
+    torch = pytest.importorskip("torch")
+    config = nmgen.KernelConfig(4, 8, 16, 64, 64, 32, 4, 4)
+    weight = torch.randn(96, 77)  # nn.Linear(77, 96).weight: [out, in]
+    b = nmgen.prune(weight, "4:8", 16, layout="nk")
+    x = torch.randn(33, 77, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        y = nmgen.Kernel(config)(x, b)
+    stream.synchronize()
+    assert isinstance(y, torch.Tensor) and y.is_cuda and y.shape == (33, 96)
+    ref = nmgen.reference(x.cpu().double().numpy(), b)
+    err = np.linalg.norm(y.cpu().double().numpy() - ref) / np.linalg.norm(ref)
+    assert err < RTOL
+    gpu_cases["kernel_cases"] += 1
+
+
+def test_bad_inputs_raise_clear_errors():
+    import cupy as cp
+
+    config = nmgen.KernelConfig(2, 4, 8, 32, 32, 16, 4, 4)
+    kernel = nmgen.Kernel(config)
+    b = nmgen.prune(np.random.default_rng().standard_normal((64, 40)), "2:4", 8)
+    a = cp.random.standard_normal((10, 64), dtype=cp.float32)
+    with pytest.raises(TypeError, match="float32"):
+        kernel(a.astype(cp.float64), b)
+    with pytest.raises(TypeError, match="NumPy"):
+        kernel(a.get(), b)
+    with pytest.raises(ValueError, match="K must equal"):
+        kernel(a[:, :60], b)
+    with pytest.raises(ValueError, match="row-major"):
+        kernel(cp.asfortranarray(a), b)
+    with pytest.raises(ValueError, match="out has shape"):
+        kernel(a, b, out=cp.empty((10, 41), cp.float32))
+    with pytest.raises(TypeError, match="out has dtype"):
+        kernel(a, b, out=cp.empty((10, 40), cp.float64))
+    with pytest.raises(ValueError, match="is for 2:4"):
+        kernel(a, nmgen.prune(np.ones((64, 40)), "1:4", 8))
+    with pytest.raises(TypeError, match="NMMatrix"):
+        kernel(a, np.ones((64, 40), np.float32))
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="CPU tensor"):
+        kernel(torch.ones(10, 64), b)

@@ -1,0 +1,145 @@
+"""Core benchmark (issue 2): hand-picked grid at M = N = K = 4096, L = 32, against cuBLAS
+SGEMM timed in the same process. Every configuration is checked against the float64
+reference before it is timed; the best row-major configuration of each pattern is also
+run with K-major A.
+
+    python tools/bench_core.py --out results/core_h100
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import contextlib
+
+import nmgen  # noqa: E402
+from nmgen.config import ALayout, ConfigError, KernelConfig  # noqa: E402
+from nmgen.gpu.timing import precompile, time_ms  # noqa: E402
+
+NM_SPMM_SPEEDUP = {"16:32": 1.87, "12:32": 2.5, "8:32": 3.6, "4:32": 6.2}  # issue 2 targets
+TILES = [  # (MS, NS, MT, NT, warp_m, warp_n)
+    (128, 128, 8, 8, 8, 4),
+    (64, 256, 8, 8, 4, 8),
+    (128, 256, 8, 8, 8, 4),
+    (256, 128, 8, 8, 8, 4),
+    (64, 128, 8, 4, 4, 8),
+]
+KS_WINDOWS = (1, 2, 4, 8)
+RTOL = 1e-5
+
+
+def grid(n: int, m: int, vec: int) -> list[KernelConfig]:
+    configs = []
+    for tile, windows, packing, stages in itertools.product(TILES, KS_WINDOWS, (False, True),
+                                                            (2, 3)):
+        ms, ns, mt, nt, wm, wn = tile
+        with contextlib.suppress(ConfigError):
+            configs.append(KernelConfig(n, m, vec, ms, ns, m * windows, mt, nt, warp_m=wm,
+                                        warp_n=wn, packing=packing, stages=stages))
+    return configs
+
+
+def measure(config: KernelConfig, a, b, ref, ref_norm: float, size: int, sgemm_ms: float,
+            repeat: int) -> dict:
+    """Check ``config`` against the float64 reference (NaN-poisoned output), then time it."""
+    import cupy as cp
+
+    kernel = nmgen.Kernel(config)
+    out = cp.full((size, size), cp.nan, cp.float32)
+    kernel(a, b, out=out)
+    err = float(cp.linalg.norm(out.astype(cp.float64) - ref)) / ref_norm
+    row = {"config": config.name, "pattern": f"{config.n}:{config.m}",
+           "a_layout": config.a_layout.value, "error": err, "ok": bool(err < RTOL)}
+    if row["ok"]:
+        t = time_ms(lambda i: kernel(a, b, out=out), warmup=3, repeat=repeat)
+        row.update(ms=t, tflops_dense_eq=2 * size**3 / t / 1e9, speedup=sgemm_ms / t)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=4096)
+    parser.add_argument("--vec", type=int, default=32)
+    parser.add_argument("--patterns", default="16:32,12:32,8:32,4:32")
+    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+
+    import cupy as cp
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    size = args.size
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    gpu = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+    a_rm = cp.asarray(rng.standard_normal((size, size), dtype=np.float32))
+    a_km = cp.ascontiguousarray(a_rm.T).T  # same logical A, K-major storage
+    w_dense = cp.asarray(rng.standard_normal((size, size), dtype=np.float32))
+
+    sgemm_ms = time_ms(lambda i: cp.matmul(a_rm, w_dense), warmup=5, repeat=args.repeat)
+    dense_tflops = 2 * size**3 / sgemm_ms / 1e9
+    print(f"{gpu}: cuBLAS SGEMM {size}^3 {sgemm_ms:.3f} ms = {dense_tflops:.1f} TFLOP/s",
+          flush=True)
+
+    rows, summary = [], []
+    for pattern in args.patterns.split(","):
+        n, m = (int(x) for x in pattern.split(":"))
+        b = nmgen.prune(w_dense.get(), pattern, args.vec)
+        ref = nmgen.reference(a_rm, b)
+        ref_norm = float(cp.linalg.norm(ref))
+        configs = grid(n, m, args.vec)
+        errors = precompile(configs, workers=min(16, os.cpu_count() or 1))
+        for e in errors:
+            print("compile error:", e, flush=True)
+
+        results = []
+        for config in configs:
+            r = measure(config, a_rm, b, ref, ref_norm, size, sgemm_ms, args.repeat)
+            results.append(r)
+            print(f"  {r['config']}: " + (f"{r['ms']:.3f} ms {r['speedup']:.2f}x"
+                                           if r["ok"] else f"WRONG rel err {r['error']:.3g}"),
+                  flush=True)
+        ok = [r for r in results if r["ok"]]
+        best = min(ok, key=lambda r: r["ms"])
+        km_config = KernelConfig.from_name(best["config"]).replace(a_layout=ALayout.K_MAJOR.value)
+        km = measure(km_config, a_km, b, ref, ref_norm, size, sgemm_ms, args.repeat)
+        rm_again = measure(KernelConfig.from_name(best["config"]), a_rm, b, ref, ref_norm,
+                           size, sgemm_ms, args.repeat)
+        rows.extend(results + [km, rm_again])
+        summary.append({
+            "pattern": pattern, "best": best["config"], "ms": rm_again["ms"],
+            "tflops_dense_eq": rm_again["tflops_dense_eq"], "speedup": rm_again["speedup"],
+            "target": NM_SPMM_SPEEDUP.get(pattern), "km_ms": km.get("ms"),
+            "rm_over_km": rm_again["ms"] / km["ms"] if km["ok"] else None,
+            "wrong": len(results) - len(ok),
+        })
+
+    record = {"gpu": gpu, "size": size, "vec": args.vec, "sgemm_ms": sgemm_ms,
+              "sgemm_tflops": dense_tflops, "summary": summary, "rows": rows}
+    (args.out / "bench_core.json").write_text(json.dumps(record, indent=2))
+    lines = [f"# Core benchmark: {gpu}, M=N=K={size}, L={args.vec}",
+             "", f"cuBLAS SGEMM (same process): {sgemm_ms:.3f} ms, {dense_tflops:.1f} TFLOP/s",
+             "", "| pattern | best configuration | ms | dense-eq TFLOP/s | speedup | target "
+             "| row-major / K-major time | wrong configs |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for s in summary:
+        ratio = f"{s['rm_over_km']:.3f}" if s["rm_over_km"] else "n/a"
+        lines.append(f"| {s['pattern']} | `{s['best']}` | {s['ms']:.3f} | "
+                     f"{s['tflops_dense_eq']:.1f} | {s['speedup']:.2f}x | {s['target']}x | "
+                     f"{ratio} | {s['wrong']} |")
+    text = "\n".join(lines) + "\n"
+    (args.out / "bench_core.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
