@@ -10,7 +10,7 @@ from pathlib import Path
 
 import jinja2
 
-from .config import ALayout, Family, KernelConfig
+from .config import ALayout, ATile, Family, KernelConfig
 from .model import min_blocks_per_sm
 from .version import __version__
 
@@ -75,6 +75,7 @@ def render(config: KernelConfig) -> KernelSource:
         version=__version__,
         config_items=sorted(config.to_dict().items()),
         row_major=config.a_layout is ALayout.ROW_MAJOR,
+        m_major_tile=config.a_tile is ATile.M_MAJOR,
         unroll_w=config.ws if config.ws <= MAX_FULL_UNROLL else 8,
         min_blocks=min_blocks_per_sm(config),
     )

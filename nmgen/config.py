@@ -18,6 +18,14 @@ class ALayout(str, Enum):
     K_MAJOR = "km"  # K×M, M contiguous: the seed paper's layout
 
 
+class ATile(str, Enum):
+    """How the A tile sits in shared memory."""
+
+    K_MAJOR = "tk"  # rows of K, MS floats wide: float4 fragment reads; row-major A is
+    #                 transposed on the way in by 4-byte copies
+    M_MAJOR = "tm"  # rows of M (row-major A only): 16-byte copies in, scalar fragment reads
+
+
 class Arch(str, Enum):
     SM80 = "sm_80"
     SM86 = "sm_86"
@@ -66,11 +74,13 @@ class KernelConfig:
     stages: int = 2
     split_k: int = 1
     a_layout: ALayout = ALayout.ROW_MAJOR
+    a_tile: ATile = ATile.K_MAJOR
     arch: Arch = Arch.SM90
     family: Family = Family.F32_SIMT
 
     def __post_init__(self) -> None:
-        for name, enum in (("a_layout", ALayout), ("arch", Arch), ("family", Family)):
+        for name, enum in (("a_layout", ALayout), ("a_tile", ATile), ("arch", Arch),
+                           ("family", Family)):
             value = getattr(self, name)
             if not isinstance(value, enum):
                 try:
@@ -122,10 +132,20 @@ class KernelConfig:
     def a_stride(self) -> int:
         """Shared-memory row stride of the A tile, in floats.
 
-        Row-major A is transposed on its way into shared memory by 4-byte copies; the
+        K-major tile: row-major A is transposed on its way in by 4-byte copies; the
         4-float pad spreads 8 consecutive K rows of a warp's store over all 32 banks.
+        M-major tile: rows of 16-byte chunks, the stride 4·odd so that the 8 rows a warp
+        reads at once fall in 8 different banks.
         """
+        if self.a_tile is ATile.M_MAJOR:
+            stride = -(-self.a_rows // 4) * 4
+            return stride + 4 if stride % 8 == 0 else stride
         return self.ms + (4 if self.a_layout is ALayout.ROW_MAJOR else 0)
+
+    @property
+    def a_words(self) -> int:
+        rows = self.ms if self.a_tile is ATile.M_MAJOR else self.a_rows
+        return rows * self.a_stride
 
     @property
     def registers_estimate(self) -> int:
@@ -148,7 +168,7 @@ class KernelConfig:
     @property
     def stage_words(self) -> tuple[int, int, int]:
         """Floats/ints per stage: (A tile, B' tile, index table)."""
-        return self.a_rows * self.a_stride, self.ws * self.ns, self.pos_words
+        return self.a_words, self.ws * self.ns, self.pos_words
 
     @property
     def smem_bytes(self) -> int:
@@ -176,6 +196,8 @@ class KernelConfig:
             ("MT * NT <= 128 accumulators", self.mt * self.nt <= 128),
             (f"1 <= stages <= {MAX_STAGES}", self.stages <= MAX_STAGES),
             ("KS <= 1024", self.ks <= 1024),
+            ("M-major A tile (tm) needs row-major A (rm)",
+             self.a_tile is ATile.K_MAJOR or self.a_layout is ALayout.ROW_MAJOR),
             (f"registers (~{self.registers_estimate}) <= {MAX_REGISTERS}",
              self.registers_estimate <= MAX_REGISTERS),
             (f"threads * registers ({self.threads} * ~{self.registers_estimate}) <= "
@@ -198,8 +220,12 @@ class KernelConfig:
             f"nm_spmm_{self.family.value}_n{self.n}m{self.m}l{self.vec}"
             f"_ms{self.ms}ns{self.ns}ks{self.ks}_mt{self.mt}nt{self.nt}"
             f"_w{self.warp_m}x{self.warp_n}_{pack}_s{self.stages}_k{self.split_k}"
-            f"_{self.a_layout.value}_{self.arch.value.replace('_', '')}"
+            f"_{self.a_layout.value}{self._tile_suffix}_{self.arch.value.replace('_', '')}"
         )
+
+    @property
+    def _tile_suffix(self) -> str:
+        return "" if self.a_tile is ATile.K_MAJOR else f"_{self.a_tile.value}"
 
     @classmethod
     def from_name(cls, name: str) -> KernelConfig:
@@ -207,11 +233,13 @@ class KernelConfig:
         if not match:
             raise ConfigError(f"{name!r} is not a kernel name (e.g. {_EXAMPLE_NAME})")
         g = match.groupdict()
-        ints = {k: int(v) for k, v in g.items() if k not in ("family", "pack", "layout", "arch")}
+        ints = {k: int(v) for k, v in g.items()
+                if k not in ("family", "pack", "layout", "tile", "arch")}
         return cls(
             **ints,
             packing=g["pack"] == "pack",
             a_layout=ALayout(g["layout"]),
+            a_tile=ATile(g["tile"] or ATile.K_MAJOR.value),
             arch=Arch(f"sm_{g['arch']}"),
             family=Family(g["family"]),
         )
@@ -219,7 +247,7 @@ class KernelConfig:
     # ----------------------------------------------------------------- JSON
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for key in ("a_layout", "arch", "family"):
+        for key in ("a_layout", "a_tile", "arch", "family"):
             d[key] = d[key].value
         return d
 
@@ -248,6 +276,6 @@ _NAME_RE = re.compile(
     r"^nm_spmm_(?P<family>[a-z0-9]+)_n(?P<n>\d+)m(?P<m>\d+)l(?P<vec>\d+)"
     r"_ms(?P<ms>\d+)ns(?P<ns>\d+)ks(?P<ks>\d+)_mt(?P<mt>\d+)nt(?P<nt>\d+)"
     r"_w(?P<warp_m>\d+)x(?P<warp_n>\d+)_(?P<pack>pack|nopack)_s(?P<stages>\d+)"
-    r"_k(?P<split_k>\d+)_(?P<layout>rm|km)_sm(?P<arch>\d+)$"
+    r"_k(?P<split_k>\d+)_(?P<layout>rm|km)(?:_(?P<tile>tk|tm))?_sm(?P<arch>\d+)$"
 )
 _EXAMPLE_NAME = "nm_spmm_f32_n8m32l32_ms128ns128ks32_mt8nt8_w8x4_pack_s2_k1_rm_sm90"

@@ -11,7 +11,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .config import ALayout, Arch, ConfigError, KernelConfig
+from .config import ALayout, Arch, ATile, ConfigError, KernelConfig
 
 MS_CHOICES = (16, 32, 64, 128, 256)
 NS_CHOICES = (32, 64, 128, 256)
@@ -38,7 +38,12 @@ def ks_choices(m: int) -> list[int]:
     return [m * w for w in KS_WINDOWS if m * w <= 256] or [m]
 
 
-def try_config(problem: Problem, **params: int | bool) -> KernelConfig | None:
+def tile_choices(problem: Problem) -> tuple[ATile, ...]:
+    """M-major A tiles serve row-major A only."""
+    return tuple(ATile) if problem.a_layout is ALayout.ROW_MAJOR else (ATile.K_MAJOR,)
+
+
+def try_config(problem: Problem, **params) -> KernelConfig | None:
     """The configuration, or ``None`` where it breaks a rule."""
     try:
         return KernelConfig(n=problem.n, m=problem.m, vec=problem.vec,
@@ -58,6 +63,7 @@ def random_config(problem: Problem, rng: random.Random, max_tries: int = 10000,
                 problem.m)), mt=rng.choice(MT_CHOICES), nt=rng.choice(NT_CHOICES),
             warp_m=warp_m, warp_n=warp_n, packing=rng.random() < 0.5,
             stages=rng.choice(STAGE_CHOICES), split_k=rng.choice(SPLIT_K_CHOICES),
+            a_tile=rng.choice(tile_choices(problem)),
         )
         if config is not None and config.threads <= max_threads:
             return config
@@ -67,9 +73,10 @@ def random_config(problem: Problem, rng: random.Random, max_tries: int = 10000,
 def enumerate_configs(problem: Problem) -> Iterator[KernelConfig]:
     """Every valid configuration of the space (split-K 1), in a fixed order."""
     grid = itertools.product(MS_CHOICES, NS_CHOICES, ks_choices(problem.m), MT_CHOICES,
-                             NT_CHOICES, WARP_LAYOUTS, (False, True), STAGE_CHOICES)
-    for ms, ns, ks, mt, nt, (warp_m, warp_n), packing, stages in grid:
+                             NT_CHOICES, WARP_LAYOUTS, (False, True), STAGE_CHOICES,
+                             tile_choices(problem))
+    for ms, ns, ks, mt, nt, (warp_m, warp_n), packing, stages, a_tile in grid:
         config = try_config(problem, ms=ms, ns=ns, ks=ks, mt=mt, nt=nt, warp_m=warp_m,
-                            warp_n=warp_n, packing=packing, stages=stages)
+                            warp_n=warp_n, packing=packing, stages=stages, a_tile=a_tile)
         if config is not None:
             yield config

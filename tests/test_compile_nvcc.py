@@ -11,32 +11,42 @@ import pytest
 
 import nmgen
 from nmgen.compile import compile_with_nvcc, parse_ptxas_report
-from nmgen.config import ALayout, Arch, ConfigError, Family
+from nmgen.config import ALayout, Arch, ATile, ConfigError, Family
 from nmgen.space import Problem, random_config
 
 pytestmark = pytest.mark.nvcc
 
-# Every template branch: A layout x packing x pipeline depth x split-K, on both arches.
-VARIANTS = list(itertools.product(list(ALayout), (False, True), (1, 2, 3), (1, 3),
+# Every template branch: A layout and tile x packing x pipeline depth x split-K, on both
+# arches.
+LAYOUTS = [(ALayout.ROW_MAJOR, ATile.K_MAJOR), (ALayout.ROW_MAJOR, ATile.M_MAJOR),
+           (ALayout.K_MAJOR, ATile.K_MAJOR)]
+VARIANTS = list(itertools.product(LAYOUTS, (False, True), (1, 2, 3), (1, 3),
                                   (Arch.SM80, Arch.SM90)))
 
 
-def variant_config(layout, packing, stages, split_k, arch, seed) -> nmgen.KernelConfig:
+def variant_config(layout_tile, packing, stages, split_k, arch, seed) -> nmgen.KernelConfig:
+    layout, a_tile = layout_tile
     rng = random.Random(seed)
     while True:
         problem = Problem(*rng.choice([(2, 4), (8, 32), (4, 16), (3, 7), (16, 64)]),
                           rng.choice([4, 8, 32, 128]), a_layout=layout, arch=arch)
         try:
             return random_config(problem, rng, max_threads=512).replace(
-                packing=packing, stages=stages, split_k=split_k)
+                packing=packing, stages=stages, split_k=split_k, a_tile=a_tile.value)
         except ConfigError:  # e.g. more stages no longer fit in shared memory
             continue
 
 
-@pytest.mark.parametrize("layout, packing, stages, split_k, arch", VARIANTS,
-                         ids=lambda v: getattr(v, "value", str(v)))
-def test_variant_compiles_within_resources(layout, packing, stages, split_k, arch):
-    config = variant_config(layout, packing, stages, split_k, arch,
+def _variant_id(v) -> str:
+    if isinstance(v, tuple):
+        return "-".join(x.value for x in v)
+    return getattr(v, "value", str(v))
+
+
+@pytest.mark.parametrize("layout_tile, packing, stages, split_k, arch", VARIANTS,
+                         ids=_variant_id)
+def test_variant_compiles_within_resources(layout_tile, packing, stages, split_k, arch):
+    config = variant_config(layout_tile, packing, stages, split_k, arch,
                             seed=random.randrange(1 << 30))
     compiled = compile_with_nvcc(nmgen.render(config))
     assert set(compiled.resources) == set(nmgen.render(config).entry_points), compiled.log

@@ -17,6 +17,9 @@ def test_name_states_every_parameter():
                           arch="sm_80")
     assert config.name == "nm_spmm_f32_n8m32l32_ms128ns128ks32_mt8nt8_w8x4_pack_s3_k2_km_sm80"
     assert KernelConfig.from_name(config.name) == config
+    m_major = config.replace(a_layout="rm", a_tile="tm")
+    assert m_major.name.endswith("_k2_rm_tm_sm80")
+    assert KernelConfig.from_name(m_major.name) == m_major
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -41,6 +44,7 @@ def test_json_and_name_round_trip(seed):
     (dict(ms=256, ns=256, mt=4, nt=4), "threads"),
     (dict(ks=256, ms=256, stages=3), "shared memory"),
     (dict(split_k=0), "all sizes >= 1"),
+    (dict(a_layout="km", a_tile="tm"), "M-major A tile"),
 ])
 def test_violations_name_the_rule(change, rule):
     with pytest.raises(ConfigError, match="rule '.*" + rule.replace("(", r"\(").replace(

@@ -39,12 +39,13 @@ RTOL = 1e-5
 
 def grid(n: int, m: int, vec: int) -> list[KernelConfig]:
     configs = []
-    for tile, windows, packing, stages in itertools.product(TILES, KS_WINDOWS, (False, True),
-                                                            (2, 3)):
+    for tile, windows, packing, stages, a_tile in itertools.product(
+            TILES, KS_WINDOWS, (False, True), (2, 3), ("tk", "tm")):
         ms, ns, mt, nt, wm, wn = tile
         with contextlib.suppress(ConfigError):
             configs.append(KernelConfig(n, m, vec, ms, ns, m * windows, mt, nt, warp_m=wm,
-                                        warp_n=wn, packing=packing, stages=stages))
+                                        warp_n=wn, packing=packing, stages=stages,
+                                        a_tile=a_tile))
     return configs
 
 
@@ -110,7 +111,8 @@ def main() -> None:
                   flush=True)
         ok = [r for r in results if r["ok"]]
         best = min(ok, key=lambda r: r["ms"])
-        km_config = KernelConfig.from_name(best["config"]).replace(a_layout=ALayout.K_MAJOR.value)
+        km_config = KernelConfig.from_name(best["config"]).replace(a_layout=ALayout.K_MAJOR.value,
+                                                                  a_tile="tk")
         km = measure(km_config, a_km, b, ref, ref_norm, size, sgemm_ms, args.repeat)
         rm_again = measure(KernelConfig.from_name(best["config"]), a_rm, b, ref, ref_norm,
                            size, sgemm_ms, args.repeat)

@@ -108,8 +108,9 @@ class Kernel:
         main, reduce = self._compiled()
         layout = device_layout(b, self.config)
         lda = a_cp.strides[0 if self.config.a_layout is ALayout.ROW_MAJOR else 1] // 4
-        a_vec4 = (self.config.a_layout is ALayout.K_MAJOR and m_rows % 4 == 0
-                  and lda % 4 == 0 and a_cp.data.ptr % 16 == 0)
+        # 16-byte copies along A's contiguous dimension need it and the rows aligned.
+        contiguous_extent = k_dim if self.config.a_layout is ALayout.ROW_MAJOR else m_rows
+        a_vec4 = contiguous_extent % 4 == 0 and lda % 4 == 0 and a_cp.data.ptr % 16 == 0
         c = self.config
         stages_total = layout.pos.shape[1]
         per_split = -(-stages_total // c.split_k)
