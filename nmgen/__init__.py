@@ -7,6 +7,7 @@ Only ``launch`` touches CuPy, and only when a kernel is called.
 
 from .codegen import KernelSource, render
 from .config import ALayout, Arch, ConfigError, Family, KernelConfig
+from .dispatch import dispatch, dispatch_stats
 from .format import NMMatrix, Pattern, prune, reference
 from .gpu.launch import Kernel
 from .version import __version__
@@ -22,6 +23,8 @@ __all__ = [
     "NMMatrix",
     "Pattern",
     "__version__",
+    "dispatch",
+    "dispatch_stats",
     "prune",
     "reference",
     "render",

@@ -35,3 +35,30 @@ def export_kernel(config: KernelConfig, out_dir: Path, cubin: bool = False) -> l
         log.write_text(compiled.log)
         written += [target, log]
     return written
+
+
+def export_from_db(db_url: str | None, shapes: list[tuple[int, int, int]], out_dir: Path,
+                   cubin: bool = False) -> Path:
+    """Export the tuned winner of every listed shape (all GPUs and patterns in the
+    database) and write ``index.md`` mapping problems to kernel files."""
+    from .db import connect, summary
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    wanted = set(shapes)
+    lines = ["| gpu | pattern | L | A | M | N | K | ms | kernel |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    exported: set[str] = set()
+    for row in sorted(summary(connect(db_url)), key=lambda r: (r["gpu"], r["pattern"],
+                                                                 r["shape"])):
+        if tuple(row["shape"]) not in wanted or row["best"] is None:
+            continue
+        if row["best"] not in exported:
+            export_kernel(KernelConfig.from_name(row["best"]), out_dir, cubin=cubin)
+            exported.add(row["best"])
+        m, n, k = row["shape"]
+        lines.append(f"| {row['gpu']} | {row['pattern']} | {row['vec']} | {row['a_layout']} "
+                     f"| {m} | {n} | {k} | {row['time_ms']:.4f} | [{row['best']}.cu]"
+                     f"({row['best']}.cu) |")
+    index = out_dir / "index.md"
+    index.write_text("\n".join(lines) + "\n")
+    return index

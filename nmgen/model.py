@@ -1,22 +1,101 @@
-"""The analytic model (DESIGN §3): resources a configuration needs on its architecture.
+"""The analytic model (DESIGN §3): what a configuration needs and how fast it should run.
 
-This first part holds what code generation needs (register estimate, blocks per SM);
-the performance estimates that guide the tuner build on it.
+Feasibility per GPU (shared memory, registers, threads), block arithmetic intensity,
+occupancy, wave quantization and a roofline time. The tuner uses it to drop infeasible
+configurations before compiling anything, to rank the rest and to seed its search; the
+dispatcher uses it when no tuned record exists. Every measured result stores the
+model's estimate beside it, so that its error stays visible.
 """
 
 from __future__ import annotations
 
-from .config import REGISTERS_PER_SM, Arch, KernelConfig
+import math
+from dataclasses import dataclass
+
+from .config import REGISTERS_PER_SM, ALayout, Arch, ATile, ConfigError, KernelConfig
 
 MAX_BLOCKS_PER_SM = 32
-SMEM_PER_SM = {80: 164 * 1024, 86: 100 * 1024, 89: 100 * 1024, 90: 228 * 1024}
+# Calibration against the core benchmark on an H100 (results/core_h100): the share of
+# issue slots the best kernels fill, and the fixed cost of one main-loop stage (barrier,
+# pipeline turn-around) in cycles.
+STALL_FACTOR = 0.70
+STAGE_OVERHEAD_CYCLES = 1200
+CLOCK_GHZ = 1.9
 # Reserved by the driver per resident block (CUDA occupancy calculator).
 SMEM_RESERVED_PER_BLOCK = 1024
+SMEM_PER_SM = {80: 164 * 1024, 86: 100 * 1024, 89: 100 * 1024, 90: 228 * 1024}
 
 
-def smem_blocks_per_sm(config: KernelConfig) -> int:
-    per_block = config.smem_bytes + SMEM_RESERVED_PER_BLOCK
-    return SMEM_PER_SM[config.arch.number] // per_block
+@dataclass(frozen=True)
+class GpuSpec:
+    """Datasheet figures; ``nmgen bench`` measures the ceilings on the device itself."""
+
+    name: str
+    arch: Arch
+    sms: int
+    max_threads_per_sm: int
+    peak_fp32_tflops: float  # at boost clock
+    dram_gbs: float
+    l2_mb: float
+
+    @property
+    def smem_per_sm(self) -> int:
+        return SMEM_PER_SM[self.arch.number]
+
+    @property
+    def l2_gbs(self) -> float:
+        """L2 → SM bandwidth, taken as a multiple of DRAM bandwidth (about 2.5× on A100
+        and H100 microbenchmarks)."""
+        return 2.5 * self.dram_gbs
+
+
+GPUS: dict[str, GpuSpec] = {g.name: g for g in (
+    GpuSpec("a100", Arch.SM80, 108, 2048, 19.5, 2039, 40),
+    GpuSpec("a10", Arch.SM86, 72, 1536, 31.2, 600, 6),
+    GpuSpec("rtx3090", Arch.SM86, 82, 1536, 35.6, 936, 6),
+    GpuSpec("l4", Arch.SM89, 58, 1536, 30.3, 300, 48),
+    GpuSpec("l40s", Arch.SM89, 142, 1536, 91.6, 864, 96),
+    GpuSpec("rtx4090", Arch.SM89, 128, 1536, 82.6, 1008, 72),
+    GpuSpec("h100", Arch.SM90, 132, 2048, 66.9, 3350, 50),
+    GpuSpec("h200", Arch.SM90, 132, 2048, 66.9, 4800, 60),
+)}
+
+# Substrings of CUDA device names, most specific first.
+_DEVICE_NAMES = (("H200", "h200"), ("H100", "h100"), ("A100", "a100"), ("L40S", "l40s"),
+                 ("RTX 4090", "rtx4090"), ("RTX 3090", "rtx3090"), ("A10", "a10"),
+                 ("L4", "l4"))
+
+
+def gpu_spec(name: str) -> GpuSpec:
+    try:
+        return GPUS[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown GPU {name!r}; known: {', '.join(sorted(GPUS))}") from None
+
+
+def gpu_of_device_name(device_name: str) -> str | None:
+    """The table entry of a CUDA device name ('NVIDIA H100 80GB HBM3' → 'h100')."""
+    for needle, name in _DEVICE_NAMES:
+        if needle in device_name:
+            return name
+    return None
+
+
+def check_device(spec: GpuSpec, device_name: str, sms: int, major: int, minor: int) -> None:
+    """Raise if the present device does not match the table entry it is tuned as."""
+    found = gpu_of_device_name(device_name)
+    if found != spec.name:
+        raise ValueError(f"--gpu {spec.name}, but the device present is {device_name!r}"
+                         + (f" ({found})" if found else ""))
+    if sms != spec.sms or (major * 10 + minor) != spec.arch.number:
+        raise ValueError(f"{device_name}: {sms} SMs, sm_{major}{minor}; the table says "
+                         f"{spec.sms} SMs, {spec.arch.value}")
+
+
+# ------------------------------------------------------------------------ resources
+def smem_blocks_per_sm(config: KernelConfig, smem_per_sm: int | None = None) -> int:
+    per_sm = smem_per_sm or SMEM_PER_SM[config.arch.number]
+    return per_sm // (config.smem_bytes + SMEM_RESERVED_PER_BLOCK)
 
 
 def min_blocks_per_sm(config: KernelConfig) -> int:
@@ -31,10 +110,120 @@ def min_blocks_per_sm(config: KernelConfig) -> int:
     return best
 
 
+def blocks_per_sm(config: KernelConfig, gpu: GpuSpec) -> int:
+    by_regs = REGISTERS_PER_SM // (config.threads * config.registers_estimate)
+    by_threads = gpu.max_threads_per_sm // config.threads
+    return min(by_regs, by_threads, smem_blocks_per_sm(config, gpu.smem_per_sm),
+               MAX_BLOCKS_PER_SM)
+
+
+def feasible(config: KernelConfig, gpu: GpuSpec) -> str | None:
+    """``None`` when ``config`` can run on ``gpu``; otherwise the reason."""
+    if config.arch.number > gpu.arch.number:
+        return f"{config.arch.value} code cannot run on {gpu.name} ({gpu.arch.value})"
+    if config.smem_bytes > gpu.arch.max_smem_per_block:
+        return f"shared memory {config.smem_bytes} B > {gpu.arch.max_smem_per_block} B"
+    if blocks_per_sm(config, gpu) < 1:
+        return "not one block fits an SM (registers, threads or shared memory)"
+    return None
+
+
+# ------------------------------------------------------------------------ estimates
+@dataclass(frozen=True)
+class Estimate:
+    time_ms: float
+    compute_ms: float
+    memory_ms: float
+    arithmetic_intensity: float  # flops per byte moved into shared memory, per block
+    blocks: int
+    blocks_per_sm: int
+    wave_efficiency: float
+    issue_efficiency: float  # FFMA share of the inner loop's instructions
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.compute_ms >= self.memory_ms else "memory"
+
+
+def _a_rows_fraction(config: KernelConfig) -> float:
+    """Expected share of a stage's dense rows that packing loads (random kept rows)."""
+    if not config.packing:
+        return 1.0
+    keep = config.n / config.m
+    expected = 1.0 - (1.0 - keep) ** config.block_groups
+    return min(1.0, expected, config.a_rows / config.ks)
+
+
+def issue_efficiency(config: KernelConfig) -> float:
+    """FFMAs over all instructions of one compressed row in the inner loop, shared-memory
+    replays (bank conflicts) counted as extra instructions."""
+    ffma = config.mt * config.nt
+    # A warp whose columns span several groups of L reads several A rows at once.
+    groups_per_warp = max(1.0, config.warp_n * config.nt / config.vec)
+    if config.a_tile is ATile.M_MAJOR:  # scalar reads; 8 lanes of rows hit 8 banks
+        a_loads = config.mt * max(1.0, config.warp_m / 8) * groups_per_warp
+    else:  # float4 reads of contiguous rows
+        a_loads = config.mt / 4 * groups_per_warp
+    b_loads = config.nt / 4 * max(1.0, config.warp_n * config.nt / 32)
+    other = a_loads * config.thread_groups + b_loads + 1.5  # + index, address
+    return ffma / (ffma + other)
+
+
+def block_intensity(config: KernelConfig) -> float:
+    flops = 2 * config.ms * config.ns * config.ws
+    a_rows = config.ks * _a_rows_fraction(config)
+    moved = 4 * (config.ms * a_rows + config.ws * config.ns) + 4 * config.pos_words
+    return flops / moved
+
+
+def estimate(config: KernelConfig, gpu: GpuSpec, m_rows: int, n_cols: int, k: int
+             ) -> Estimate:
+    """Roofline time of ``config`` on an ``m_rows×k · k×n_cols`` problem."""
+    row_blocks, col_blocks = math.ceil(m_rows / config.ms), math.ceil(n_cols / config.ns)
+    blocks = row_blocks * col_blocks * config.split_k
+    per_sm = max(blocks_per_sm(config, gpu), 1)
+    waves = blocks / (gpu.sms * per_sm)
+    wave_eff = waves / math.ceil(waves)
+    k_pad = math.ceil(k / config.ks) * config.ks
+    w_rows = k_pad * config.n // config.m
+    flops = 2.0 * row_blocks * config.ms * col_blocks * config.ns * w_rows
+    # Latency hiding: few resident warps cannot keep the FP32 pipes busy.
+    warps = per_sm * config.threads / 32
+    occupancy_eff = min(1.0, 0.55 + warps / 32)
+    eff = issue_efficiency(config) * occupancy_eff * STALL_FACTOR
+    compute_ms = flops / (gpu.peak_fp32_tflops * 1e12 * eff) * 1e3
+    a_bytes = 4.0 * m_rows * k_pad * _a_rows_fraction(config)
+    b_bytes = 4.0 * w_rows * col_blocks * config.ns
+    c_bytes = 4.0 * m_rows * n_cols * (1 if config.split_k == 1 else 2 * config.split_k + 1)
+    compulsory = a_bytes + b_bytes + c_bytes
+    # Row-major A transposed by 4-byte copies moves a quarter of the bytes per L1 access.
+    a_copy_eff = 0.25 if (config.a_layout is ALayout.ROW_MAJOR
+                          and (config.a_tile is ATile.K_MAJOR or config.packing)) else 1.0
+    through_l2 = a_bytes * col_blocks / a_copy_eff + b_bytes * row_blocks + c_bytes
+    memory_ms = max(compulsory / (gpu.dram_gbs * 1e9), through_l2 / (gpu.l2_gbs * 1e9)) * 1e3
+    stages = k_pad / config.ks / config.split_k
+    overhead_ms = math.ceil(waves) * stages * STAGE_OVERHEAD_CYCLES / (CLOCK_GHZ * 1e6)
+    time_ms = max(compute_ms, memory_ms) / wave_eff + overhead_ms
+    return Estimate(time_ms, compute_ms, memory_ms, block_intensity(config), blocks, per_sm,
+                    wave_eff, issue_efficiency(config))
+
+
+def rank(configs: list[KernelConfig], gpu: GpuSpec, m_rows: int, n_cols: int, k: int
+         ) -> list[tuple[float, KernelConfig]]:
+    """Feasible configurations by predicted time (ties by name: deterministic)."""
+    scored = [(estimate(c, gpu, m_rows, n_cols, k).time_ms, c) for c in configs
+              if feasible(c, gpu) is None]
+    return sorted(scored, key=lambda pair: (pair[0], pair[1].name))
+
+
 def arch_of_capability(major: int, minor: int) -> Arch:
     """The nearest supported compile target at or below a compute capability."""
     number = major * 10 + minor
     supported = sorted((a for a in Arch if a.number <= number), key=lambda a: a.number)
     if not supported:
-        raise ValueError(f"compute capability {major}.{minor}: nmgen needs sm_80 or newer")
+        raise ConfigError(f"compute capability {major}.{minor}: nmgen needs sm_80 or newer")
     return supported[-1]
+
+
+def default_layout_tile(a_layout: ALayout) -> ATile:
+    return ATile.M_MAJOR if a_layout is ALayout.ROW_MAJOR else ATile.K_MAJOR

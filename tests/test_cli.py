@@ -52,3 +52,53 @@ def test_bad_config_is_a_clear_error(tmp_path):
     bad = NAME.replace("ks32", "ks48")
     result = nmgen_cli("export", "--config", bad, "--out", str(tmp_path))
     assert result.returncode == 2 and "KS % m == 0" in result.stderr
+
+
+def test_tune_dry_run_show_and_export_from_db(tmp_path):
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("# two small shapes\n64 256 512\n17 300 200\n")
+    result = nmgen_cli("tune", "--gpu", "h100", "--shapes", str(shapes), "--pattern", "2:4",
+                       "--vec", "16", "--dry-run", "--trials", "2")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("nm_spmm_f32_n2m4l16") >= 4
+    assert "[2/2] nmgen_h100_2:4_l16_f32_rm_17x300x200" in result.stdout
+
+    from nmgen.db import connect, record_trial
+    from tests.test_db_dispatch import FAST, KEY
+
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    record_trial(connect(url), KEY, FAST, "h", "ok", time_ms=1.0, model_ms=1.2)
+    shown = nmgen_cli("show", "--db", url)
+    assert shown.returncode == 0 and FAST.name in shown.stdout and "1024" in shown.stdout
+    wanted = tmp_path / "wanted.txt"
+    wanted.write_text("1024 4096 4096\n")
+    out = tmp_path / "kernels"
+    exported = nmgen_cli("export", "--from-db", "--db", url, "--shapes", str(wanted),
+                         "--out", str(out))
+    assert exported.returncode == 0, exported.stderr
+    assert (out / f"{FAST.name}.cu").exists()
+    assert FAST.name in (out / "index.md").read_text()
+
+
+def test_shape_file_errors_name_the_line(tmp_path):
+    shapes = tmp_path / "bad.txt"
+    shapes.write_text("# ok\n64 256 512\n64 256\n")
+    result = nmgen_cli("tune", "--gpu", "h100", "--shapes", str(shapes), "--dry-run")
+    assert result.returncode == 2 and "bad.txt:3" in result.stderr
+
+
+def test_unknown_gpu_is_named(tmp_path):
+    shapes = tmp_path / "s.txt"
+    shapes.write_text("64 256 512\n")
+    result = nmgen_cli("tune", "--gpu", "v100", "--shapes", str(shapes), "--dry-run")
+    assert result.returncode == 2 and "unknown GPU 'v100'" in result.stderr
+
+
+def test_llama_shapes_file():
+    from pathlib import Path
+
+    from nmgen.shapes import read_shapes
+
+    shapes = read_shapes(Path(__file__).resolve().parent.parent / "shapes" / "llama.txt")
+    assert len(shapes) == 100 and len(set(shapes)) == 100
+    assert (4096, 8192, 22016) in shapes and (256, 2048, 2048) in shapes

@@ -125,7 +125,7 @@ def test_bad_inputs_raise_clear_errors():
         kernel(cp.asfortranarray(a), b)
     with pytest.raises(ValueError, match="out has shape"):
         kernel(a, b, out=cp.empty((10, 41), cp.float32))
-    with pytest.raises(TypeError, match="out has dtype"):
+    with pytest.raises(TypeError, match="out has the wrong dtype"):
         kernel(a, b, out=cp.empty((10, 40), cp.float64))
     with pytest.raises(ValueError, match="is for 2:4"):
         kernel(a, nmgen.prune(np.ones((64, 40)), "1:4", 8))

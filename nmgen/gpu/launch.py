@@ -7,16 +7,18 @@ and PyTorch CUDA tensors both work; the output is of the same kind as ``a``.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..codegen import render
-from ..config import ALayout, KernelConfig
+from ..config import ALayout, Arch, KernelConfig
 from ..format import NMMatrix
+from ..model import arch_of_capability
 from ..prepare import LayoutKey, prepare_layout
 
 NVRTC_OPTIONS = ("-std=c++17",)
@@ -35,6 +37,36 @@ def _cupy() -> Any:
 
 def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "is_cuda")
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str
+    sms: int
+    major: int
+    minor: int
+    cuda_version: int  # CUDA runtime version, e.g. 13000
+
+    @property
+    def arch(self) -> Arch:
+        return arch_of_capability(self.major, self.minor)
+
+
+_DEVICE_INFO: dict[int, DeviceInfo] = {}
+
+
+def device_info() -> DeviceInfo:
+    """The current device, queried once per device."""
+    cp = _cupy()
+    device = cp.cuda.Device().id
+    info = _DEVICE_INFO.get(device)
+    if info is None:
+        props = cp.cuda.runtime.getDeviceProperties(device)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        info = DeviceInfo(name, props["multiProcessorCount"], props["major"], props["minor"],
+                          cp.cuda.runtime.runtimeGetVersion())
+        _DEVICE_INFO[device] = info
+    return info
 
 
 @dataclass
@@ -67,6 +99,68 @@ def device_layout(b: NMMatrix, config: KernelConfig) -> DeviceLayout:
         return layout
 
 
+class Operand(NamedTuple):
+    """What a launch needs of an array: pointer, shape, byte strides, device, dtype."""
+
+    ptr: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    device: int
+    float32: bool
+    torch: bool
+
+
+_F32 = np.dtype(np.float32)
+
+
+def operand(x: Any, what: str) -> Operand:
+    """Read an operand from a CuPy array or a CUDA PyTorch tensor (no copies)."""
+    cp = _cupy()
+    if isinstance(x, cp.ndarray):
+        return Operand(x.data.ptr, x.shape, x.strides, x.device.id, x.dtype == _F32, False)
+    if _is_torch(x):
+        if not x.is_cuda:
+            raise ValueError(f"{what} is a CPU tensor: move it to the GPU (tensor.cuda())")
+        import torch
+
+        size = x.element_size()
+        return Operand(x.data_ptr(), tuple(x.shape), tuple(st * size for st in x.stride()),
+                       x.device.index, x.dtype is torch.float32, True)
+    if isinstance(x, np.ndarray):
+        raise TypeError(f"{what} is a NumPy array: pass a CuPy array or a CUDA torch.Tensor")
+    raise TypeError(f"{what}: expected a CuPy array or a CUDA torch.Tensor, got {type(x)}")
+
+
+class LaunchPlan:
+    """Everything about a launch that depends only on (kernel, weight, device, M, lda):
+    the argument block is packed once, and a call rewrites the A and C pointers in place
+    and hands it to ``cuLaunchKernel`` (CuPy's generic argument packing costs more than
+    the rest of the call)."""
+
+    def __init__(self, main: Any, reduce: Any, grid: tuple[int, int, int], threads: int,
+                 smem: int, args: list[ctypes._SimpleCData], c_vec4_ok: bool,
+                 reduce_grid: int):
+        self.main, self.reduce = main, reduce
+        self.grid, self.threads, self.smem = grid, threads, smem
+        self.args = args  # A, B', POS, ROWS, C, then the scalars; c_vec4 last
+        self.params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(v) for v in args])
+        self.c_vec4_ok = c_vec4_ok
+        self.reduce_grid = reduce_grid
+        self.lock = threading.Lock()
+
+    def launch(self, a_ptr: int, c_ptr: int, stream_ptr: int) -> None:
+        driver = _cupy().cuda.driver
+        with self.lock:  # the argument block is shared by the threads of the process
+            self.args[0].value = a_ptr
+            self.args[4].value = c_ptr
+            self.args[-1].value = self.c_vec4_ok and c_ptr % 16 == 0
+            driver.launchKernel(self.main.ptr, *self.grid, self.threads, 1, 1, self.smem,
+                                stream_ptr, ctypes.addressof(self.params), 0)
+
+
+_STREAMS: dict[int, Any] = {}
+
+
 class Kernel:
     """One compiled configuration: ``Kernel(config)(a, b, out=None, stream=None)``."""
 
@@ -79,11 +173,10 @@ class Kernel:
     def name(self) -> str:
         return self.config.name
 
-    def _compiled(self) -> tuple[Any, Any]:
-        """(main, reduce) functions for the current device, compiled once (CuPy caches
-        NVRTC output on disk, keyed by source, options, arch and compiler version)."""
+    def _compiled(self, device: int) -> tuple[Any, Any]:
+        """(main, reduce) functions for ``device``, compiled once (CuPy caches NVRTC
+        output on disk, keyed by source, options, arch and compiler version)."""
         cp = _cupy()
-        device = cp.cuda.Device().id
         with _LOCK:
             if device not in self._functions:
                 module = cp.RawModule(code=self.source.code, options=NVRTC_OPTIONS,
@@ -93,126 +186,133 @@ class Kernel:
                     main.max_dynamic_shared_size_bytes = self.config.smem_bytes
                 reduce = (module.get_function(f"{self.name}_reduce")
                           if self.config.split_k > 1 else None)
-                self._functions[device] = (main, reduce)
+                self._functions[device] = (main.kernel, reduce.kernel if reduce else None)
             return self._functions[device]
+
+    def _plan(self, b: NMMatrix, device: int, m_rows: int, lda: int, a_aligned: bool
+              ) -> LaunchPlan:
+        c = self.config
+        main, reduce = self._compiled(device)
+        layout = device_layout(b, c)
+        k_dim, n_cols = b.shape
+        # 16-byte copies along A's contiguous dimension need it and the rows aligned.
+        extent = k_dim if c.a_layout is ALayout.ROW_MAJOR else m_rows
+        a_vec4 = extent % 4 == 0 and lda % 4 == 0 and a_aligned
+        stages_total = layout.pos.shape[1]
+        ldb = layout.values.shape[1]
+        u64, i32, i64 = ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64
+        args = [u64(0), u64(layout.values.data.ptr), u64(layout.pos.data.ptr),
+                u64(layout.rows.data.ptr), u64(0), i32(m_rows), i32(n_cols), i32(k_dim),
+                i64(lda), i64(ldb), i64(n_cols), i32(stages_total),
+                i32(-(-stages_total // c.split_k)), i32(a_vec4), i32(0)]
+        sms = device_info().sms
+        return LaunchPlan(main, reduce, (ldb // c.ns, -(-m_rows // c.ms), c.split_k),
+                          c.threads, c.smem_bytes, args, n_cols % 4 == 0,
+                          max(1, min(-(-m_rows * n_cols // 256), sms * 16)))
 
     def __call__(self, a: Any, b: NMMatrix, out: Any = None, stream: Any = None) -> Any:
         cp = _cupy()
-        torch_in = _is_torch(a)
-        a_cp = _as_cupy(a, "a")
-        m_rows = _check_a(a_cp, b, self.config)
-        k_dim, n_cols = b.shape
-        out_user, out_cp = _output(out, a, a_cp, (m_rows, n_cols), torch_in)
+        a_op = operand(a, "a")
+        m_rows, lda = _check_a(a_op, b, self.config)
+        n_cols = b.shape[1]
+        out, c_op = _output(out, a, a_op, (m_rows, n_cols))
         if m_rows == 0:
-            return out_user
-        main, reduce = self._compiled()
-        layout = device_layout(b, self.config)
-        lda = a_cp.strides[0 if self.config.a_layout is ALayout.ROW_MAJOR else 1] // 4
-        # 16-byte copies along A's contiguous dimension need it and the rows aligned.
-        contiguous_extent = k_dim if self.config.a_layout is ALayout.ROW_MAJOR else m_rows
-        a_vec4 = contiguous_extent % 4 == 0 and lda % 4 == 0 and a_cp.data.ptr % 16 == 0
-        c = self.config
-        stages_total = layout.pos.shape[1]
-        per_split = -(-stages_total // c.split_k)
-        grid = (layout.values.shape[1] // c.ns, -(-m_rows // c.ms), c.split_k)
-        with _stream(stream, a, torch_in):
-            target = out_cp
-            if c.split_k > 1:
-                target = cp.empty((c.split_k, m_rows, n_cols), np.float32)
-            c_vec4 = n_cols % 4 == 0 and target.data.ptr % 16 == 0
-            main(grid, (c.threads,), (
-                a_cp, layout.values, layout.pos, layout.rows, target,
-                np.int32(m_rows), np.int32(n_cols), np.int32(k_dim),
-                np.int64(lda), np.int64(layout.values.shape[1]), np.int64(n_cols),
-                np.int32(stages_total), np.int32(per_split), np.int32(a_vec4),
-                np.int32(c_vec4),
-            ), shared_mem=c.smem_bytes)
-            if reduce is not None:
-                blocks = min(-(-m_rows * n_cols // 256), 132 * 16)
-                reduce((blocks,), (256,), (target, out_cp, np.int32(m_rows),
-                                            np.int32(n_cols), np.int64(n_cols)))
-        return out_user
+            return out
+        key = ("plan", self.name, a_op.device, m_rows, lda, a_op.ptr % 16 == 0)
+        plan = b._prepared.get(key)
+        if plan is None:
+            plan = b._prepared[key] = self._plan(b, a_op.device, m_rows, lda, key[-1])
+        handle = _stream(stream, a_op)
+        stream_ptr = _current_stream_ptr() if handle is None else handle.ptr
+        if plan.reduce is None:
+            plan.launch(a_op.ptr, c_op.ptr, stream_ptr)
+            return out
+        with handle if handle is not None else cp.cuda.get_current_stream():
+            workspace = cp.empty((self.config.split_k, m_rows, n_cols), np.float32)
+            plan.launch(a_op.ptr, workspace.data.ptr, stream_ptr)
+            plan.reduce((plan.reduce_grid,), (256,), (workspace, np.uint64(c_op.ptr),
+                                                     np.int32(m_rows), np.int32(n_cols),
+                                                     np.int64(n_cols)), 0, handle)
+        return out
 
 
-def _as_cupy(x: Any, what: str) -> Any:
-    cp = _cupy()
-    if isinstance(x, cp.ndarray):
-        return x
-    if _is_torch(x):
-        if not x.is_cuda:
-            raise ValueError(f"{what} is a CPU tensor: move it to the GPU (tensor.cuda())")
-        return cp.asarray(x.detach())
-    if isinstance(x, np.ndarray):
-        raise TypeError(f"{what} is a NumPy array: pass a CuPy array or a CUDA torch.Tensor")
-    raise TypeError(f"{what}: expected a CuPy array or a CUDA torch.Tensor, got {type(x)}")
-
-
-def _check_a(a: Any, b: NMMatrix, config: KernelConfig) -> int:
-    """Validate ``a`` (logical ``M×K``) against the weight and the kernel; return ``M``."""
-    cp = _cupy()
+def _check_a(a: Operand, b: NMMatrix, config: KernelConfig) -> tuple[int, int]:
+    """Validate ``a`` (logical ``M×K``) against the weight and the kernel; return
+    ``(M, lda)`` with ``lda`` in elements."""
     if not isinstance(b, NMMatrix):
         raise TypeError(f"b must be an nmgen.NMMatrix (see nmgen.prune), got {type(b)}")
     if (b.n, b.m, b.vec) != (config.n, config.m, config.vec):
         raise ValueError(f"kernel {config.name} is for {config.n}:{config.m} L={config.vec}; "
                          f"b is {b.pattern} L={b.vec}")
-    if a.dtype != np.float32:
-        raise TypeError(f"a has dtype {a.dtype}; this kernel family takes float32")
-    if a.ndim != 2:
+    if not a.float32:
+        raise TypeError("a must be float32: this kernel family takes float32")
+    if len(a.shape) != 2:
         raise ValueError(f"a must be 2-D (M×K), got shape {a.shape}")
-    if a.shape[1] != b.shape[0]:
-        raise ValueError(f"a is {a.shape[0]}×{a.shape[1]} but b is {b.shape[0]}×{b.shape[1]}: "
-                         "a's K must equal b's K")
-    if a.device.id != cp.cuda.Device().id:
-        raise ValueError(f"a is on GPU {a.device.id} but the current device is "
-                         f"{cp.cuda.Device().id}")
-    if a.data.ptr % 4:
-        raise ValueError("a's data pointer is not 4-byte aligned")
     m_rows, k_dim = a.shape
-    inner, outer = (1, 0) if config.a_layout is ALayout.ROW_MAJOR else (0, 1)
-    extent = k_dim if config.a_layout is ALayout.ROW_MAJOR else m_rows
+    if k_dim != b.shape[0]:
+        raise ValueError(f"a is {m_rows}×{k_dim} but b is {b.shape[0]}×{b.shape[1]}: "
+                         "a's K must equal b's K")
+    current = _cupy().cuda.runtime.getDevice()
+    if a.device != current:
+        raise ValueError(f"a is on GPU {a.device} but the current device is {current}")
+    if a.ptr % 4:
+        raise ValueError("a's data pointer is not 4-byte aligned")
+    row_major = config.a_layout is ALayout.ROW_MAJOR
+    inner, outer = (1, 0) if row_major else (0, 1)
+    extent = k_dim if row_major else m_rows
     if m_rows and k_dim and (a.strides[inner] != 4 or a.strides[outer] < 4 * extent
                              or a.strides[outer] % 4):
-        want = ("row-major M×K (C-contiguous, a K stride of 1)"
-                if config.a_layout is ALayout.ROW_MAJOR
+        want = ("row-major M×K (C-contiguous, a K stride of 1)" if row_major
                 else "K-major: an M×K view whose M stride is 1, e.g. a_kxm.T")
         raise ValueError(f"a has strides {a.strides}; kernel {config.name} needs A {want}")
-    return m_rows
+    return m_rows, (a.strides[outer] // 4 if m_rows and k_dim else max(extent, 1))
 
 
-def _output(out: Any, a: Any, a_cp: Any, shape: tuple[int, int], torch_in: bool
-            ) -> tuple[Any, Any]:
-    """(what the caller gets, the CuPy view the kernel writes)."""
-    cp = _cupy()
+def _output(out: Any, a: Any, a_op: Operand, shape: tuple[int, int]) -> tuple[Any, Operand]:
+    """(what the caller gets, its operand): ``out`` checked, or a new array of ``a``'s kind."""
     if out is None:
-        if torch_in:
+        if a_op.torch:
             import torch
 
             out = torch.empty(shape, dtype=torch.float32, device=a.device)
         else:
+            cp = _cupy()
             out = cp.empty(shape, np.float32)
-    out_cp = _as_cupy(out, "out")
-    if out_cp.shape != shape:
-        raise ValueError(f"out has shape {out_cp.shape}; the product is {shape[0]}×{shape[1]}")
-    if out_cp.dtype != np.float32:
-        raise TypeError(f"out has dtype {out_cp.dtype}; expected float32")
-    if not out_cp.flags.c_contiguous:
+        return out, operand(out, "out")
+    c = operand(out, "out")
+    if tuple(c.shape) != shape:
+        raise ValueError(f"out has shape {tuple(c.shape)}; the product is "
+                         f"{shape[0]}×{shape[1]}")
+    if not c.float32:
+        raise TypeError("out has the wrong dtype; expected float32")
+    if shape[0] and shape[1] and c.strides != (4 * shape[1], 4) and shape[0] > 1:
         raise ValueError("out must be C-contiguous (row-major M×N)")
-    if out_cp.device.id != a_cp.device.id:
-        raise ValueError(f"out is on GPU {out_cp.device.id}, a on GPU {a_cp.device.id}")
-    return out, out_cp
+    if c.device != a_op.device:
+        raise ValueError(f"out is on GPU {c.device}, a on GPU {a_op.device}")
+    return out, c
 
 
-def _stream(stream: Any, a: Any, torch_in: bool) -> Any:
-    """A CuPy stream context for ``stream`` (CuPy, torch or a raw handle), defaulting to
-    the caller's current stream (torch's for torch tensors)."""
-    cp = _cupy()
-    if stream is None and torch_in:
+def _current_stream_ptr() -> int:
+    stream_module = _cupy().cuda.stream
+    if hasattr(stream_module, "get_current_stream_ptr"):
+        return stream_module.get_current_stream_ptr()
+    return _cupy().cuda.get_current_stream().ptr
+
+
+def _stream(stream: Any, a: Operand) -> Any:
+    """The CuPy stream to launch on: ``stream`` (CuPy, torch or a raw handle), else the
+    caller's current stream (torch's for torch tensors; ``None`` means CuPy's current)."""
+    if stream is None:
+        if not a.torch:
+            return None
         import torch
 
         stream = torch.cuda.current_stream(a.device)
-    if stream is None:
-        return cp.cuda.get_current_stream()
+    cp = _cupy()
     if isinstance(stream, cp.cuda.Stream | cp.cuda.ExternalStream):
         return stream
-    handle = getattr(stream, "cuda_stream", stream)  # torch.cuda.Stream or an int
-    return cp.cuda.ExternalStream(int(handle))
+    handle = int(getattr(stream, "cuda_stream", stream))
+    cached = _STREAMS.get(handle)
+    if cached is None:
+        cached = _STREAMS[handle] = cp.cuda.ExternalStream(handle)
+    return cached

@@ -43,10 +43,36 @@ def _compile_one(config_json: str) -> str | None:
     return None
 
 
+class CompilePool:
+    """Worker processes that compile through NVRTC ahead of timing, started once and
+    reused (starting a process that imports CuPy costs seconds)."""
+
+    def __init__(self, workers: int = 8):
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+
+    def compile(self, configs: Sequence[KernelConfig]) -> list[str]:
+        """Compile ``configs``; return the errors (empty when none)."""
+        jobs = [c.to_json() for c in configs]
+        if self.workers <= 1 or len(jobs) <= 1:
+            return [e for e in map(_compile_one, jobs) if e]
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=get_context("spawn"))
+        return [e for e in self._pool.map(_compile_one, jobs) if e]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def __enter__(self) -> CompilePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def precompile(configs: Sequence[KernelConfig], workers: int = 8) -> list[str]:
-    """Compile ``configs`` in parallel processes; return the errors (empty when none)."""
-    jobs = [c.to_json() for c in configs]
-    if workers <= 1 or len(jobs) <= 1:
-        return [e for e in map(_compile_one, jobs) if e]
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        return [e for e in pool.map(_compile_one, jobs) if e]
+    """Compile ``configs`` in a one-off pool; return the errors (empty when none)."""
+    with CompilePool(workers) as pool:
+        return pool.compile(configs)

@@ -1,0 +1,245 @@
+"""The tuned database (SQLAlchemy 2.x): GPUs, kernel configurations, problems, trials.
+
+SQLite by default (``NMGEN_DB`` or ``~/.cache/nmgen/tuned.db``); any SQLAlchemy URL with
+``--db``. A problem is keyed on everything that changes the answer: GPU, arch, CUDA
+version, template hash, pattern, vector length, dtype, A layout and shape.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    select,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
+
+from .config import KernelConfig
+from .version import __version__
+
+SHIPPED_DB = Path(__file__).resolve().parent.parent / "tuned_db" / "tuned.sqlite"
+
+
+class TrialStatus:
+    OK = "ok"
+    WRONG = "wrong_result"
+    COMPILE_ERROR = "compile_error"
+    LAUNCH_ERROR = "launch_error"
+    INFEASIBLE = "infeasible"
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class GpuRow(Base):
+    __tablename__ = "nm_gpus"
+    __table_args__ = (UniqueConstraint("name", "arch", "cuda_version"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))  # table name, e.g. "h100"
+    device_name: Mapped[str] = mapped_column(String(128))
+    arch: Mapped[str] = mapped_column(String(16))
+    cuda_version: Mapped[int] = mapped_column(Integer)
+    sms: Mapped[int] = mapped_column(Integer)
+
+
+class ConfigRow(Base):
+    __tablename__ = "nm_kernel_configs"
+    __table_args__ = (UniqueConstraint("name", "source_hash"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), index=True)
+    params: Mapped[dict] = mapped_column(JSON)
+    source_hash: Mapped[str] = mapped_column(String(64))
+    nmgen_version: Mapped[str] = mapped_column(String(32))
+
+    @property
+    def config(self) -> KernelConfig:
+        return KernelConfig.from_dict(self.params)
+
+
+class ProblemRow(Base):
+    __tablename__ = "nm_problems"
+    __table_args__ = (UniqueConstraint("gpu_id", "template_hash", "n", "m", "vec", "dtype",
+                                       "a_layout", "rows", "cols", "depth"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("nm_gpus.id"))
+    template_hash: Mapped[str] = mapped_column(String(64))
+    n: Mapped[int] = mapped_column(Integer)
+    m: Mapped[int] = mapped_column(Integer)
+    vec: Mapped[int] = mapped_column(Integer)
+    dtype: Mapped[str] = mapped_column(String(16))
+    a_layout: Mapped[str] = mapped_column(String(8))
+    rows: Mapped[int] = mapped_column(Integer)  # M
+    cols: Mapped[int] = mapped_column(Integer)  # N
+    depth: Mapped[int] = mapped_column(Integer)  # K
+    gpu: Mapped[GpuRow] = relationship()
+
+
+class TrialRow(Base):
+    __tablename__ = "nm_trials"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    problem_id: Mapped[int] = mapped_column(ForeignKey("nm_problems.id"), index=True)
+    config_id: Mapped[int] = mapped_column(ForeignKey("nm_kernel_configs.id"))
+    status: Mapped[str] = mapped_column(String(32))
+    time_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    tflops: Mapped[float | None] = mapped_column(Float, nullable=True)  # dense-equivalent
+    model_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created: Mapped[datetime.datetime] = mapped_column(
+        DateTime, default=lambda: datetime.datetime.now(datetime.timezone.utc))
+    problem: Mapped[ProblemRow] = relationship()
+    config_row: Mapped[ConfigRow] = relationship()
+
+
+@dataclass(frozen=True)
+class ProblemKey:
+    """Everything that changes which kernel is fastest or right."""
+
+    gpu: str
+    device_name: str
+    arch: str
+    cuda_version: int
+    sms: int
+    template_hash: str
+    n: int
+    m: int
+    vec: int
+    dtype: str
+    a_layout: str
+    rows: int
+    cols: int
+    depth: int
+
+    def same_family(self) -> tuple:
+        """All but the shape: records a nearest-shape lookup may borrow from."""
+        return (self.gpu, self.arch, self.cuda_version, self.template_hash, self.n, self.m,
+                self.vec, self.dtype, self.a_layout)
+
+
+def default_url() -> str:
+    path = os.environ.get("NMGEN_DB") or str(Path.home() / ".cache" / "nmgen" / "tuned.db")
+    if "://" in path:
+        return path
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+def connect(url: str | None = None) -> Engine:
+    engine = create_engine(url or default_url())
+    Base.metadata.create_all(engine)
+    return engine
+
+
+def _get_or_create(session: Session, model, defaults: dict | None = None, **keys):
+    row = session.scalars(select(model).filter_by(**keys)).first()
+    if row is None:
+        row = model(**keys, **(defaults or {}))
+        session.add(row)
+        session.flush()
+    return row
+
+
+def problem_row(session: Session, key: ProblemKey) -> ProblemRow:
+    gpu = _get_or_create(session, GpuRow, defaults={"device_name": key.device_name,
+                                                    "sms": key.sms},
+                         name=key.gpu, arch=key.arch, cuda_version=key.cuda_version)
+    return _get_or_create(session, ProblemRow, gpu_id=gpu.id, template_hash=key.template_hash,
+                          n=key.n, m=key.m, vec=key.vec, dtype=key.dtype,
+                          a_layout=key.a_layout, rows=key.rows, cols=key.cols,
+                          depth=key.depth)
+
+
+def config_row(session: Session, config: KernelConfig, source_hash: str) -> ConfigRow:
+    return _get_or_create(session, ConfigRow,
+                          defaults={"params": config.to_dict(), "nmgen_version": __version__},
+                          name=config.name, source_hash=source_hash)
+
+
+def record_trial(engine: Engine, key: ProblemKey, config: KernelConfig, source_hash: str,
+                 status: str, time_ms: float | None = None, model_ms: float | None = None,
+                 error: str | None = None) -> None:
+    flops = 2.0 * key.rows * key.cols * key.depth
+    with Session(engine) as session, session.begin():
+        problem = problem_row(session, key)
+        cfg = config_row(session, config, source_hash)
+        session.add(TrialRow(problem_id=problem.id, config_id=cfg.id, status=status,
+                             time_ms=time_ms, model_ms=model_ms, error=error,
+                             tflops=flops / time_ms / 1e9 if time_ms else None))
+
+
+def _problem_filter(key: ProblemKey):
+    return (GpuRow.name == key.gpu, GpuRow.arch == key.arch,
+            GpuRow.cuda_version == key.cuda_version,
+            ProblemRow.template_hash == key.template_hash, ProblemRow.n == key.n,
+            ProblemRow.m == key.m, ProblemRow.vec == key.vec, ProblemRow.dtype == key.dtype,
+            ProblemRow.a_layout == key.a_layout)
+
+
+@dataclass(frozen=True)
+class Winner:
+    config: KernelConfig
+    time_ms: float
+    shape: tuple[int, int, int]
+
+
+def best_per_problem(engine: Engine, key: ProblemKey) -> dict[tuple[int, int, int], Winner]:
+    """For every tuned shape of ``key``'s family: the fastest correct configuration
+    (ties broken by name, so that every reader picks the same one)."""
+    stmt = (select(ProblemRow.rows, ProblemRow.cols, ProblemRow.depth, ConfigRow.params,
+                   ConfigRow.name, TrialRow.time_ms)
+            .join(TrialRow.problem).join(ProblemRow.gpu).join(TrialRow.config_row)
+            .where(*_problem_filter(key), TrialRow.status == TrialStatus.OK))
+    best: dict[tuple[int, int, int], tuple[float, str, dict]] = {}
+    with Session(engine) as session:
+        for rows, cols, depth, params, name, time_ms in session.execute(stmt):
+            shape = (rows, cols, depth)
+            if shape not in best or (time_ms, name) < best[shape][:2]:
+                best[shape] = (time_ms, name, params)
+    return {shape: Winner(KernelConfig.from_dict(p), t, shape)
+            for shape, (t, _, p) in best.items()}
+
+
+def trials_of(engine: Engine, key: ProblemKey) -> list[TrialRow]:
+    with Session(engine) as session:
+        stmt = (select(TrialRow).join(TrialRow.problem).join(ProblemRow.gpu)
+                .where(*_problem_filter(key), ProblemRow.rows == key.rows,
+                       ProblemRow.cols == key.cols, ProblemRow.depth == key.depth))
+        rows = list(session.scalars(stmt))
+        for row in rows:  # load while the session is open
+            _ = row.config_row.name
+        return rows
+
+
+def summary(engine: Engine) -> list[dict]:
+    """One row per tuned problem: its winner and how many trials it took."""
+    out = []
+    with Session(engine) as session:
+        for problem in session.scalars(select(ProblemRow)):
+            trials = list(session.scalars(select(TrialRow).where(
+                TrialRow.problem_id == problem.id)))
+            ok = [t for t in trials if t.status == TrialStatus.OK]
+            best = min(ok, key=lambda t: (t.time_ms, t.config_row.name), default=None)
+            out.append({
+                "gpu": problem.gpu.name, "pattern": f"{problem.n}:{problem.m}",
+                "vec": problem.vec, "a_layout": problem.a_layout,
+                "shape": (problem.rows, problem.cols, problem.depth),
+                "trials": len(trials), "ok": len(ok),
+                "best": best.config_row.name if best else None,
+                "time_ms": best.time_ms if best else None,
+                "tflops": best.tflops if best else None,
+                "model_ms": best.model_ms if best else None,
+            })
+    return out

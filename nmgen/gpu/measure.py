@@ -1,0 +1,62 @@
+"""Correctness check and timing of one problem on the device (what a tuning trial does).
+
+Random inputs (fresh per problem), a float64 reference computed once, the output
+poisoned with NaN before every checked launch, and CUDA-event timing with rotating A
+buffers when the working set fits in L2 (DESIGN §4).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from ..config import ALayout
+from ..format import NMMatrix, prune, reference
+from .launch import Kernel, _cupy
+from .timing import time_ms
+
+RTOL = 1e-5
+L2_BYTES = 50 * 2**20
+
+
+class ProblemBench:
+    """One (pattern, L, layout, M, N, K) problem with its data on the device."""
+
+    def __init__(self, n: int, m: int, vec: int, a_layout: ALayout, rows: int, cols: int,
+                 depth: int, seed: int | None = None):
+        cp = _cupy()
+        rng = np.random.default_rng(seed if seed is not None
+                                    else int.from_bytes(os.urandom(4), "little"))
+        self.shape = (rows, cols, depth)
+        self.weight: NMMatrix = prune(rng.standard_normal((depth, cols), dtype=np.float32),
+                                      (n, m), vec)
+        working_set = 4 * (rows * depth + rows * cols) + self.weight.values.nbytes
+        copies = max(1, min(8, -(-2 * L2_BYTES // max(working_set, 1))))
+        self.a_buffers = [self._make_a(cp, rng, a_layout) for _ in range(copies)]
+        self.out = cp.empty((rows, cols), np.float32)
+        self._ref: Any = None
+
+    def _make_a(self, cp: Any, rng: np.random.Generator, layout: ALayout) -> Any:
+        rows, _, depth = self.shape
+        if layout is ALayout.ROW_MAJOR:
+            return cp.asarray(rng.standard_normal((rows, depth), dtype=np.float32))
+        return cp.asarray(rng.standard_normal((depth, rows), dtype=np.float32)).T
+
+    def error(self, kernel: Kernel) -> float:
+        """Relative error against the float64 reference (NaN-poisoned output)."""
+        cp = _cupy()
+        if self._ref is None:
+            self._ref = reference(self.a_buffers[0], self.weight)
+            self._ref_norm = max(float(cp.linalg.norm(self._ref)), 1e-30)
+        self.out.fill(cp.nan)
+        kernel(self.a_buffers[0], self.weight, out=self.out)
+        diff = self.out.astype(cp.float64) - self._ref
+        err = float(cp.linalg.norm(diff)) / self._ref_norm
+        return err if np.isfinite(err) else float("inf")
+
+    def time_ms(self, kernel: Kernel, warmup: int = 3, repeat: int = 15) -> float:
+        buffers = self.a_buffers
+        return time_ms(lambda i: kernel(buffers[i % len(buffers)], self.weight, out=self.out),
+                       warmup=warmup, repeat=repeat)

@@ -1,0 +1,98 @@
+"""The analytic model: feasibility, estimates, ranking; the register estimate vs ptxas."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+import nmgen
+from nmgen.config import ALayout, Arch
+from nmgen.model import (
+    GPUS,
+    check_device,
+    estimate,
+    feasible,
+    gpu_of_device_name,
+    gpu_spec,
+    min_blocks_per_sm,
+    rank,
+)
+from nmgen.space import Problem, enumerate_configs, random_config
+
+RESULTS = Path(__file__).resolve().parent.parent / "results" / "core_h100" / "bench_core.json"
+
+
+def test_gpu_table_covers_the_issue_list():
+    assert {"a100", "a10", "l4", "l40s", "rtx3090", "rtx4090", "h100", "h200"} <= set(GPUS)
+    assert gpu_of_device_name("NVIDIA H100 80GB HBM3") == "h100"
+    assert gpu_of_device_name("NVIDIA H200") == "h200"
+    assert gpu_of_device_name("NVIDIA A100-SXM4-80GB") == "a100"
+    with pytest.raises(ValueError, match="unknown GPU"):
+        gpu_spec("v100")
+
+
+def test_check_device_names_the_device_found():
+    with pytest.raises(ValueError, match="NVIDIA A100"):
+        check_device(GPUS["h100"], "NVIDIA A100-SXM4-80GB", 108, 8, 0)
+    check_device(GPUS["h100"], "NVIDIA H100 80GB HBM3", 132, 9, 0)
+
+
+def test_feasibility_by_arch_and_shared_memory():
+    big = nmgen.KernelConfig(16, 32, 32, 128, 256, 64, 8, 8, stages=2)
+    assert feasible(big, GPUS["h100"]) is None
+    assert big.smem_bytes > 100 * 1024  # cannot even be built for sm_86 (a10's arch) ...
+    with pytest.raises(nmgen.ConfigError, match="shared memory"):
+        big.replace(arch="sm_86")
+    assert "cannot run" in feasible(big, GPUS["a100"])  # ... and sm_90 code needs Hopper
+
+
+def test_estimate_is_a_roofline():
+    config = nmgen.KernelConfig(8, 32, 32, 128, 128, 64, 8, 8)
+    small = estimate(config, GPUS["h100"], 256, 2048, 2048)
+    large = estimate(config, GPUS["h100"], 4096, 4096, 4096)
+    assert large.time_ms > small.time_ms > 0
+    assert 0 < large.wave_efficiency <= 1 and large.blocks == 32 * 32
+    assert large.time_ms >= max(large.compute_ms, large.memory_ms)
+    sparser = estimate(config.replace(n=4), GPUS["h100"], 4096, 4096, 4096)
+    assert sparser.compute_ms < large.compute_ms
+
+
+def test_rank_is_deterministic_and_feasible():
+    configs = list(enumerate_configs(Problem(8, 32, 32)))
+    ranked = rank(configs, GPUS["h100"], 1024, 4096, 4096)
+    assert ranked == rank(list(reversed(configs)), GPUS["h100"], 1024, 4096, 4096)
+    assert all(feasible(c, GPUS["h100"]) is None for _, c in ranked)
+
+
+@pytest.mark.skipif(not RESULTS.exists(), reason="no committed benchmark")
+def test_model_top5_holds_a_near_best_config_of_the_benchmark():
+    """On the committed H100 grid, the model's top 5 contain a kernel within 10 % of the
+    measured best (the model's job: seed the search well)."""
+    rows = [r for r in json.loads(RESULTS.read_text())["rows"]
+            if r.get("ok") and r["a_layout"] == "rm"]  # the grid; km rows are single checks
+    for pattern in {r["pattern"] for r in rows}:
+        runs = [r for r in rows if r["pattern"] == pattern]
+        pred = sorted(runs, key=lambda r: estimate(nmgen.KernelConfig.from_name(r["config"]),
+                                                   GPUS["h100"], 4096, 4096, 4096).time_ms)
+        best = min(r["ms"] for r in runs)
+        assert min(r["ms"] for r in pred[:5]) <= 1.10 * best, pattern
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("seed", range(6))
+def test_register_estimate_tracks_ptxas(seed):
+    """ptxas stays within the budget the estimate implies (launch bounds), no spills, and
+    the estimate is not wildly above what ptxas needs."""
+    from nmgen.compile import compile_with_nvcc
+
+    rng = random.Random(seed)
+    problem = Problem(*rng.choice([(2, 4), (8, 32), (4, 16)]), rng.choice([8, 32]),
+                      a_layout=rng.choice(list(ALayout)), arch=Arch.SM90)
+    config = random_config(problem, rng, max_threads=512)
+    res = compile_with_nvcc(nmgen.render(config)).resources[config.name]
+    budget = min(255, 65536 // (config.threads * min_blocks_per_sm(config)))
+    assert res.registers <= budget and res.spill_stores == 0
+    assert config.registers_estimate <= max(2 * res.registers, 80)

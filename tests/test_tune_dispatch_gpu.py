@@ -1,0 +1,96 @@
+"""GPU: an end-to-end tune of two small shapes, then dispatch on tuned and untuned shapes
+(CuPy and PyTorch) against the float64 reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import nmgen
+from nmgen.config import ALayout
+from nmgen.db import TrialStatus, connect, summary, trials_of
+from nmgen.dispatch import Dispatcher
+from nmgen.model import GPUS, check_device, gpu_of_device_name
+
+pytestmark = pytest.mark.gpu
+SHAPES = [(64, 256, 512), (33, 200, 300)]
+
+
+@pytest.fixture(scope="module")
+def tuned_db(tmp_path_factory):
+    from nmgen.gpu.launch import device_info
+    from nmgen.tuner import Tuner, TuneTask
+
+    info = device_info()
+    gpu = GPUS[gpu_of_device_name(info.name)]
+    url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'tuned.db'}"
+    tuner = Tuner(connect(url), url, trials=10, batch=5, workers=4)
+    reports = [tuner.tune(TuneTask(gpu, 4, 8, 16, ALayout.ROW_MAJOR, *s)) for s in SHAPES]
+    return url, reports
+
+
+def test_tune_finds_a_correct_winner_and_resumes(tuned_db):
+    url, reports = tuned_db
+    for report in reports:
+        assert report.trials >= 10 and report.winner is not None
+        assert report.winner.config.n == 4 and report.winner.time_ms > 0
+    rows = summary(connect(url))
+    assert {tuple(r["shape"]) for r in rows} == set(SHAPES)
+    assert all(r["ok"] >= 1 and r["model_ms"] for r in rows)
+
+
+def test_trials_record_status_and_model(tuned_db):
+    from nmgen.dispatch import template_hash
+    from nmgen.gpu.launch import device_info
+    from nmgen.tuner import TuneTask
+
+    url, reports = tuned_db
+    info = device_info()
+    key = reports[0].task.key(info.name, info.cuda_version, template_hash())
+    trials = trials_of(connect(url), key)
+    assert trials and all(t.status in vars(TrialStatus).values() for t in trials)
+    assert all(t.model_ms and t.time_ms for t in trials if t.status == TrialStatus.OK)
+    assert isinstance(reports[0].task, TuneTask)
+
+
+@pytest.mark.parametrize("shape", SHAPES + [(1, 200, 300), (500, 96, 72)])
+def test_dispatch_cupy_matches_reference(tuned_db, shape):
+    import cupy as cp
+
+    url, _ = tuned_db
+    dispatcher = Dispatcher([url])
+    rows, cols, depth = shape
+    rng = np.random.default_rng()
+    b = nmgen.prune(rng.standard_normal((depth, cols)), "4:8", 16)
+    a = cp.asarray(rng.standard_normal((rows, depth), dtype=np.float32))
+    out = cp.full((rows, cols), cp.nan, cp.float32)
+    dispatcher(a, b, out=out)
+    ref = nmgen.reference(a, b)
+    err = float(cp.linalg.norm(out - ref) / cp.linalg.norm(ref))
+    assert err < 1e-5
+    expected = "exact" if shape in SHAPES else "nearest"
+    assert dispatcher.counts[expected] == 1
+
+
+def test_dispatch_torch_and_model_fallback():
+    torch = pytest.importorskip("torch")
+    dispatcher = Dispatcher([f"sqlite:///{__import__('tempfile').mkdtemp()}/empty.db"])
+    weight = torch.randn(70, 90)  # nn.Linear(90, 70).weight
+    b = nmgen.prune(weight, "2:8", 8, layout="nk")
+    x = torch.randn(9, 90, device="cuda")
+    with pytest.warns(UserWarning, match="no tuned record"):
+        y = dispatcher(x, b)
+    assert isinstance(y, torch.Tensor) and y.shape == (9, 70)
+    ref = nmgen.reference(x.cpu().double().numpy(), b)
+    assert np.linalg.norm(y.cpu().double().numpy() - ref) / np.linalg.norm(ref) < 1e-5
+    dispatcher(x, b)
+    assert dispatcher.counts["model"] == 2  # counted every time, warned once
+
+
+def test_gpu_mismatch_names_the_device():
+    from nmgen.gpu.launch import device_info
+
+    info = device_info()
+    other = "a100" if gpu_of_device_name(info.name) != "a100" else "h100"
+    with pytest.raises(ValueError, match=info.name):
+        check_device(GPUS[other], info.name, info.sms, info.major, info.minor)
