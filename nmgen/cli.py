@@ -48,7 +48,7 @@ def _tune(args: argparse.Namespace) -> int:
     check_device(tasks[0].gpu, info.name, info.sms, info.major, info.minor)
     url = args.db or default_url()
     tuner = Tuner(connect(url), args.storage or url, trials=args.trials)
-    start = time.monotonic()
+    start, done = time.monotonic(), 0
     for i, task in enumerate(tasks, 1):
         left = args.time_budget - (time.monotonic() - start)
         if left <= 0:
@@ -56,8 +56,10 @@ def _tune(args: argparse.Namespace) -> int:
             break
         print(f"[{i}/{len(tasks)}] {task.study_name}", file=sys.stderr, flush=True)
         tuner.tune(task, time_budget_s=left / (len(tasks) - i + 1))
+        done += 1
     tuner.close()
-    print(f"tuned {len(tasks)} problems in {time.monotonic() - start:.1f} s into {url}")
+    print(f"tuned {done} of {len(tasks)} problems in {time.monotonic() - start:.1f} s "
+          f"into {url}")
     return 0
 
 

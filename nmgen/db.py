@@ -30,7 +30,15 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, rela
 from .config import KernelConfig
 from .version import __version__
 
-SHIPPED_DB = Path(__file__).resolve().parent.parent / "tuned_db" / "tuned.sqlite"
+
+def shipped_db() -> Path:
+    """The tuned results shipped with nmgen (``tuned_db/``), installed or in a checkout."""
+    try:
+        from importlib import resources
+
+        return Path(str(resources.files("nmgen.tuned_db"))) / "tuned.sqlite"
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "tuned_db" / "tuned.sqlite"
 
 
 class TrialStatus:

@@ -20,7 +20,7 @@ from typing import Any
 
 from .codegen import template_text
 from .config import ALayout, Family, KernelConfig
-from .db import SHIPPED_DB, ProblemKey, best_per_problem, connect
+from .db import ProblemKey, best_per_problem, connect, shipped_db
 from .format import NMMatrix
 from .gpu.launch import Kernel, device_info, operand
 from .model import GPUS, default_layout_tile, gpu_of_device_name, gpu_spec, rank
@@ -57,8 +57,8 @@ class Dispatcher:
             urls = self._urls
             if urls is None:
                 urls = [None]
-                if SHIPPED_DB.exists():
-                    urls.append(f"sqlite:///{SHIPPED_DB}")
+                if shipped_db().exists():  # read-only use: never written by dispatch
+                    urls.append(f"sqlite:///{shipped_db()}")
             self._engines = [connect(u) for u in urls]
         return self._engines
 
