@@ -37,6 +37,7 @@ def main() -> None:
 
     dispatcher = Dispatcher([args.db or f"sqlite:///{shipped_db()}"])
     rng = np.random.default_rng()
+    args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for pattern in args.pattern.split(","):
         for m_rows, n_cols, depth in read_shapes(args.shapes):
@@ -60,8 +61,8 @@ def main() -> None:
                          "config": decision.config.name})
             print(f"{pattern} {m_rows}x{n_cols}x{depth}: {sgemm / ours:.2f}x "
                   f"({decision.source}) err {err:.1e}", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_tuned.json").write_text(json.dumps(rows, indent=2))
+            # Written after every shape: a run cut short still leaves its rows.
+            (args.out / "bench_tuned.json").write_text(json.dumps(rows, indent=2))
     lines = ["| pattern | shapes | geomean speedup | min | max | wrong |",
              "| --- | --- | --- | --- | --- | --- |"]
     for pattern in args.pattern.split(","):
