@@ -185,8 +185,12 @@ class Tuner:
                 seen[t.user_attrs["config"]] = (t.value, t.user_attrs.get("violation", 0.0))
         statuses: dict[str, int] = {}
         measured = 0
+        batches = 0
+        # The first batch (the model's seeds) always runs: every shape gets a winner, even
+        # when setting the problem up used its share of the budget.
         while (self._done(study) < self.trials
-               and time.monotonic() - start < time_budget_s):
+               and (batches == 0 or time.monotonic() - start < time_budget_s)):
+            batches += 1
             asked = [study.ask() for _ in range(min(self.batch,
                                                     self.trials - self._done(study)))]
             configs = [suggest_config(t, task) for t in asked]

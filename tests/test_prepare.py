@@ -67,3 +67,14 @@ def test_layout_rejects_a_mismatched_weight():
     b = nmgen.prune(np.ones((64, 64)), "2:4", 8)
     with pytest.raises(ValueError, match="is for 4:8"):
         prepare_layout(b, nmgen.KernelConfig(4, 8, 8, 64, 64, 32, 4, 4))
+
+
+def test_random_weight_for_tuning_is_a_valid_nm_matrix():
+    from nmgen.gpu.measure import random_weight
+
+    rng = np.random.default_rng()
+    b = random_weight(rng, 3, 7, 8, 50, 30)
+    assert b.shape == (50, 30) and (b.n, b.m, b.vec) == (3, 7, 8)
+    a = rng.standard_normal((4, 50))
+    np.testing.assert_allclose(nmgen.reference(a, b), a @ b.to_dense().astype(np.float64),
+                               rtol=1e-9, atol=1e-9)
