@@ -113,7 +113,7 @@ class Dispatcher:
             hit = self._fast[fast] = (self.kernel(decision.config), decision.source)
         kernel, source = hit
         self.counts[source] += 1
-        return kernel(a, b, out=out, stream=stream)
+        return kernel.run(a, a_op, b, out, stream)
 
     def _warn_once(self, key: ProblemKey, decision: Decision) -> None:
         family = key.same_family()

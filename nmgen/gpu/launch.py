@@ -211,8 +211,11 @@ class Kernel:
                           max(1, min(-(-m_rows * n_cols // 256), sms * 16)))
 
     def __call__(self, a: Any, b: NMMatrix, out: Any = None, stream: Any = None) -> Any:
+        return self.run(a, operand(a, "a"), b, out, stream)
+
+    def run(self, a: Any, a_op: Operand, b: NMMatrix, out: Any, stream: Any) -> Any:
+        """The launch, given ``a``'s operand already read (the dispatcher reads it)."""
         cp = _cupy()
-        a_op = operand(a, "a")
         m_rows, lda = _check_a(a_op, b, self.config)
         n_cols = b.shape[1]
         out, c_op = _output(out, a, a_op, (m_rows, n_cols))
