@@ -24,6 +24,7 @@ import contextlib
 import nmgen  # noqa: E402
 from nmgen.config import ALayout, ConfigError, KernelConfig  # noqa: E402
 from nmgen.gpu.timing import precompile, time_ms  # noqa: E402
+from nmgen.report import markdown_table  # noqa: E402
 
 NM_SPMM_SPEEDUP = {"16:32": 1.87, "12:32": 2.5, "8:32": 3.6, "4:32": 6.2}  # issue 2 targets
 TILES = [  # (MS, NS, MT, NT, warp_m, warp_n)
@@ -129,17 +130,16 @@ def main() -> None:
     record = {"gpu": gpu, "size": size, "vec": args.vec, "sgemm_ms": sgemm_ms,
               "sgemm_tflops": dense_tflops, "summary": summary, "rows": rows}
     (args.out / "bench_core.json").write_text(json.dumps(record, indent=2))
-    lines = [f"# Core benchmark: {gpu}, M=N=K={size}, L={args.vec}",
-             "", f"cuBLAS SGEMM (same process): {sgemm_ms:.3f} ms, {dense_tflops:.1f} TFLOP/s",
-             "", "| pattern | best configuration | ms | dense-eq TFLOP/s | speedup | target "
-             "| row-major / K-major time | wrong configs |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for s in summary:
-        ratio = f"{s['rm_over_km']:.3f}" if s["rm_over_km"] else "n/a"
-        lines.append(f"| {s['pattern']} | `{s['best']}` | {s['ms']:.3f} | "
-                     f"{s['tflops_dense_eq']:.1f} | {s['speedup']:.2f}x | {s['target']}x | "
-                     f"{ratio} | {s['wrong']} |")
-    text = "\n".join(lines) + "\n"
+    table = markdown_table(
+        ["pattern", "best configuration", "ms", "dense-eq TFLOP/s", "speedup", "target",
+         "row-major / K-major time", "wrong configs"],
+        [[s["pattern"], f"`{s['best']}`", f"{s['ms']:.3f}", f"{s['tflops_dense_eq']:.1f}",
+          f"{s['speedup']:.2f}x", f"{s['target']}x",
+          f"{s['rm_over_km']:.3f}" if s["rm_over_km"] else "n/a", s["wrong"]]
+         for s in summary])
+    text = (f"# Core benchmark: {gpu}, M=N=K={size}, L={args.vec}\n\n"
+            f"cuBLAS SGEMM (same process): {sgemm_ms:.3f} ms, {dense_tflops:.1f} TFLOP/s\n\n"
+            + table)
     (args.out / "bench_core.md").write_text(text)
     print(text)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import nmgen  # noqa: E402
 from nmgen.dispatch import Dispatcher  # noqa: E402
 from nmgen.gpu.timing import time_ms  # noqa: E402
+from nmgen.report import geomean, markdown_table  # noqa: E402
 from nmgen.shapes import read_shapes  # noqa: E402
 
 
@@ -63,15 +63,14 @@ def main() -> None:
                   f"({decision.source}) err {err:.1e}", flush=True)
             # Written after every shape: a run cut short still leaves its rows.
             (args.out / "bench_tuned.json").write_text(json.dumps(rows, indent=2))
-    lines = ["| pattern | shapes | geomean speedup | min | max | wrong |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    table_rows = []
     for pattern in args.pattern.split(","):
         sp = [r["speedup"] for r in rows if r["pattern"] == pattern]
         wrong = sum(not r["error"] < 1e-5 for r in rows if r["pattern"] == pattern)
-        geo = math.exp(sum(math.log(x) for x in sp) / len(sp))
-        lines.append(f"| {pattern} | {len(sp)} | {geo:.2f}x | {min(sp):.2f}x | {max(sp):.2f}x "
-                     f"| {wrong} |")
-    text = "\n".join(lines) + "\n"
+        table_rows.append([pattern, len(sp), f"{geomean(sp):.2f}x", f"{min(sp):.2f}x",
+                           f"{max(sp):.2f}x", wrong])
+    text = markdown_table(["pattern", "shapes", "geomean speedup", "min", "max", "wrong"],
+                          table_rows)
     (args.out / "bench_tuned.md").write_text(text)
     print(text)
 
