@@ -50,6 +50,7 @@ class Dispatcher:
         self._families: dict[tuple, list[dict]] = {}
         self._warned: set[tuple] = set()
         self._lock = threading.Lock()
+        self._count_lock = threading.Lock()
         self.counts: Counter[str] = Counter()
 
     def _dbs(self) -> list[Any]:
@@ -105,14 +106,15 @@ class Dispatcher:
         fast = (a_op.device, a_op.shape, a_op.strides, b.n, b.m, b.vec, b.shape)
         hit = self._fast.get(fast)
         if hit is None:
-            layout = _layout_of(a_op.shape, a_op.strides)
+            layout = layout_of(a_op.shape, a_op.strides)
             key = self.key_for(a_op.shape, layout, b)
             decision = self.decide(key)
             if decision.source != "exact":
                 self._warn_once(key, decision)
             hit = self._fast[fast] = (self.kernel(decision.config), decision.source)
         kernel, source = hit
-        self.counts[source] += 1
+        with self._count_lock:  # Counter's += is a read-modify-write
+            self.counts[source] += 1
         return kernel.run(a, a_op, b, out, stream)
 
     def _warn_once(self, key: ProblemKey, decision: Decision) -> None:
@@ -144,12 +146,8 @@ def model_choice(key: ProblemKey) -> KernelConfig:
     return ranked[0][1]
 
 
-def a_layout_of(a: Any) -> ALayout:
-    """Row-major (K contiguous) or K-major (M contiguous) from ``a``'s strides."""
-    return _layout_of(tuple(a.shape), _strides_bytes(a))
-
-
-def _layout_of(shape: tuple[int, ...], strides: tuple[int, ...]) -> ALayout:
+def layout_of(shape: tuple[int, ...], strides: tuple[int, ...]) -> ALayout:
+    """Row-major (K contiguous) or K-major (M contiguous) from byte strides."""
     if len(shape) != 2:
         raise ValueError(f"a must be 2-D (M×K), got shape {shape}")
     item = 4
@@ -159,12 +157,6 @@ def _layout_of(shape: tuple[int, ...], strides: tuple[int, ...]) -> ALayout:
         return ALayout.K_MAJOR
     raise ValueError(f"a has strides {strides}: neither dimension is contiguous; "
                      "pass a row-major M×K array or a K-major view (a_kxm.T)")
-
-
-def _strides_bytes(a: Any) -> tuple[int, ...]:
-    if hasattr(a, "element_size") and callable(a.stride):  # torch.Tensor
-        return tuple(s * a.element_size() for s in a.stride())
-    return tuple(a.strides)
 
 
 _default: Dispatcher | None = None
