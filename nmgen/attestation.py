@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RECORD = ROOT / "tests" / "gpu_attestation.json"
 # Modules that cannot change what runs on the GPU (host-side tooling only).
 HOST_ONLY = frozenset({"nmgen/cli.py", "nmgen/export.py", "nmgen/attestation.py",
-                       "nmgen/space.py", "nmgen/report.py"})
+                       "nmgen/space.py", "nmgen/report.py", "nmgen/studies.py",
+                       "nmgen/workers.py"})
 
 
 def kernel_side_files(root: Path = ROOT) -> list[Path]:

@@ -27,40 +27,103 @@ def _tasks(args: argparse.Namespace):
             for p in _patterns(args.pattern) for shape in shapes]
 
 
+def _devices(text: str | None) -> list[str]:
+    if not text:
+        return []
+    if text != "all":
+        return [d.strip() for d in text.split(",") if d.strip()]
+    from .gpu.launch import device_count
+
+    count = device_count()
+    if count == 0:
+        raise RuntimeError("--devices all: no CUDA GPU found")
+    return [str(i) for i in range(count)]
+
+
 def _tune(args: argparse.Namespace) -> int:
+    from .db import default_url
+    from .studies import check_storage, default_storage_url
+
     tasks = _tasks(args)
-    if args.dry_run:
-        from .tuner import dry_run
+    devices = _devices(args.devices)
+    workers = max(len(devices), args.worker_count)
+    db_url = args.db or default_url()
+    storage_url = args.storage or default_storage_url(db_url, workers)
+    check_storage(storage_url, workers)
+    if devices:
+        return _supervise(args, devices, db_url, storage_url)
+    return _work(args, tasks, db_url, storage_url)
 
-        for i, task in enumerate(tasks, 1):
-            print(f"[{i}/{len(tasks)}] {task.study_name}", flush=True)
-            for rank, row in enumerate(dry_run(task, top=min(args.trials, 4)), 1):
-                extra = (f" regs={row['registers']} spills={row['spills']}"
-                         if "registers" in row else "")
-                print(f"  {rank}. {row['config']}  model {row['model_ms']:.4f} ms{extra}")
-        return 0
-    from .db import connect, default_url
-    from .gpu.launch import device_info
-    from .model import check_device
+
+def _supervise(args: argparse.Namespace, devices: list[str], db_url: str,
+               storage_url: str) -> int:
+    from .db import connect
+    from .studies import open_storage
+    from .workers import supervise
+
+    connect(db_url)  # tables and storage made once, before the workers race to make them
+    open_storage(storage_url)
+    def child_argv(index: int, _device: str) -> list[str]:
+        argv = ["tune", "--gpu", args.gpu, "--shapes", str(args.shapes), "--pattern",
+                args.pattern, "--vec", str(args.vec), "--layout", args.layout, "--trials",
+                str(args.trials), "--db", db_url, "--storage", storage_url,
+                "--worker-index", str(index), "--worker-count", str(len(devices)),
+                "--compile-top", str(args.compile_top)]
+        if math.isfinite(args.time_budget):
+            argv += ["--time-budget", str(args.time_budget)]
+        return argv + (["--dry-run"] if args.dry_run else [])
+
+    start = time.monotonic()
+    code = supervise(child_argv, devices, storage_url,
+                     lambda s: print(f"nmgen tune: {s}", file=sys.stderr, flush=True))
+    print(f"{len(devices)} workers finished in {time.monotonic() - start:.1f} s "
+          f"(storage {storage_url}, results in {db_url})")
+    return code
+
+
+def _work(args: argparse.Namespace, tasks: list, db_url: str, storage_url: str) -> int:
+    from .db import connect
+    from .studies import open_storage
     from .tuner import Tuner
+    from .workers import run_worker
 
-    info = device_info()
-    check_device(tasks[0].gpu, info.name, info.sms, info.major, info.minor)
-    url = args.db or default_url()
-    tuner = Tuner(connect(url), args.storage or url, trials=args.trials)
-    start, done = time.monotonic(), 0
-    for i, task in enumerate(tasks, 1):
-        left = args.time_budget - (time.monotonic() - start)
-        if left <= 0:
-            print(f"time budget spent after {i - 1} of {len(tasks)} problems", file=sys.stderr)
-            break
-        print(f"[{i}/{len(tasks)}] {task.study_name}", file=sys.stderr, flush=True)
-        tuner.tune(task, time_budget_s=left / (len(tasks) - i + 1))
-        done += 1
-    tuner.close()
-    print(f"tuned {done} of {len(tasks)} problems in {time.monotonic() - start:.1f} s "
-          f"into {url}")
+    if not args.dry_run:
+        from .gpu.launch import device_info
+        from .model import check_device
+
+        info = device_info()
+        check_device(tasks[0].gpu, info.name, info.sms, info.major, info.minor)
+    prefix = f"[worker {args.worker_index}] " if args.worker_count > 1 else ""
+    tuner = Tuner(connect(db_url), open_storage(storage_url), trials=args.trials,
+                  dry_run=args.dry_run, seed=args.worker_index,
+                  log=lambda s: print(prefix + s, file=sys.stderr, flush=True))
+    try:
+        report = run_worker(tuner, tasks, args.time_budget, args.worker_index,
+                            args.worker_count, log=tuner.log)
+    finally:
+        tuner.close()
+    print(f"{prefix}worked on {report.studies} problems; {report.complete} of "
+          f"{report.total} complete; {report.seconds:.1f} s; results in {db_url}")
+    if args.dry_run and args.compile_top > 0:
+        _print_dry_run(tuner, tasks, args.compile_top)
     return 0
+
+
+def _print_dry_run(tuner, tasks: list, top: int) -> None:
+    """The model's best configurations of each problem, compiled with nvcc."""
+    from .db import TrialStatus, trials_of
+    from .tuner import ModelMeasurer, compile_report
+
+    for i, task in enumerate(tasks, 1):
+        print(f"[{i}/{len(tasks)}] {tuner.study_name(task)}", flush=True)
+        rows = [r for r in trials_of(tuner.engine, ModelMeasurer(task).key)
+                if r.status == TrialStatus.MODEL]
+        rows.sort(key=lambda r: (r.time_ms, r.config_row.name))
+        best = rows[:top]
+        compiled = compile_report([r.config_row.config for r in best])
+        for rank, (row, res) in enumerate(zip(best, compiled, strict=True), 1):
+            print(f"  {rank}. {res['config']}  model {row.time_ms:.4f} ms "
+                  f"regs={res['registers']} spills={res['spills']}")
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -111,9 +174,18 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--trials", type=int, default=40, help="trials per problem")
     tune.add_argument("--time-budget", type=float, default=math.inf, help="seconds in all")
     tune.add_argument("--db", help="SQLAlchemy URL of the tuned database")
-    tune.add_argument("--storage", help="Optuna storage URL (default: the --db URL)")
+    tune.add_argument("--storage", help="Optuna storage: an SQLAlchemy URL or journal:PATH "
+                      "(default: the --db URL; a journal file for several workers)")
     tune.add_argument("--dry-run", action="store_true",
-                      help="rank by the model and compile the top configurations; no GPU")
+                      help="search with the model as the measure (recorded as status "
+                      "'model') and compile the top configurations; no GPU")
+    tune.add_argument("--compile-top", type=int, default=4,
+                      help="dry run: compile this many best configurations a problem")
+    tune.add_argument("--devices", help="GPUs to tune on, one worker each: 0,1,... or all")
+    tune.add_argument("--worker-index", type=int, default=0,
+                      help="this worker's number when several share the studies")
+    tune.add_argument("--worker-count", type=int, default=1,
+                      help="how many workers share the studies (spreads their start)")
     tune.set_defaults(run=_tune)
 
     show = sub.add_parser("show", help="table of tuned results")
@@ -138,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (ConfigError, ShapeFileError, ValueError, FileNotFoundError, RuntimeError) as exc:
+    except (ConfigError, ShapeFileError, ValueError, FileNotFoundError, RuntimeError
+            ) as exc:
         print(f"nmgen {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,9 +23,11 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     create_engine,
+    event,
     select,
 )
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
 from .config import KernelConfig
@@ -47,6 +50,10 @@ class TrialStatus:
     COMPILE_ERROR = "compile_error"
     LAUNCH_ERROR = "launch_error"
     INFEASIBLE = "infeasible"
+    MODEL = "model"  # a dry run's analytic estimate, never a measurement
+
+
+GOOD = (TrialStatus.OK, TrialStatus.MODEL)  # statuses whose time is a result
 
 
 class Base(DeclarativeBase):
@@ -98,6 +105,8 @@ class ProblemRow(Base):
 
 class TrialRow(Base):
     __tablename__ = "nm_trials"
+    # One result per configuration and problem, however many workers tune it.
+    __table_args__ = (UniqueConstraint("problem_id", "config_id"),)
     id: Mapped[int] = mapped_column(primary_key=True)
     problem_id: Mapped[int] = mapped_column(ForeignKey("nm_problems.id"), index=True)
     config_id: Mapped[int] = mapped_column(ForeignKey("nm_kernel_configs.id"))
@@ -146,9 +155,27 @@ def default_url() -> str:
 
 
 def connect(url: str | None = None) -> Engine:
-    engine = create_engine(url or default_url())
-    Base.metadata.create_all(engine)
+    url = url or default_url()
+    if url.startswith("sqlite"):  # several worker processes of one host may write
+        engine = create_engine(url, connect_args={"timeout": 60})
+        event.listen(engine, "connect", _sqlite_wal)
+    else:
+        engine = create_engine(url, pool_pre_ping=True)
+    for attempt in range(3):  # workers starting together race to create the tables
+        try:
+            Base.metadata.create_all(engine)
+            break
+        except (IntegrityError, OperationalError, ProgrammingError):
+            if attempt == 2:
+                raise
+            time.sleep(0.2)
     return engine
+
+
+def _sqlite_wal(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.close()
 
 
 def _get_or_create(session: Session, model, defaults: dict | None = None, **keys):
@@ -178,14 +205,27 @@ def config_row(session: Session, config: KernelConfig, source_hash: str) -> Conf
 
 def record_trial(engine: Engine, key: ProblemKey, config: KernelConfig, source_hash: str,
                  status: str, time_ms: float | None = None, model_ms: float | None = None,
-                 error: str | None = None) -> None:
+                 error: str | None = None) -> tuple[str, float | None]:
+    """Store one result; returns the (status, time) the database holds for this
+    configuration and problem: another worker's, where it was first."""
     flops = 2.0 * key.rows * key.cols * key.depth
-    with Session(engine) as session, session.begin():
-        problem = problem_row(session, key)
-        cfg = config_row(session, config, source_hash)
-        session.add(TrialRow(problem_id=problem.id, config_id=cfg.id, status=status,
-                             time_ms=time_ms, model_ms=model_ms, error=error,
-                             tflops=flops / time_ms / 1e9 if time_ms else None))
+    for attempt in range(4):  # concurrent workers: a unique row created by another
+        try:
+            with Session(engine) as session, session.begin():
+                problem = problem_row(session, key)
+                cfg = config_row(session, config, source_hash)
+                held = session.execute(select(TrialRow.status, TrialRow.time_ms).where(
+                    TrialRow.problem_id == problem.id, TrialRow.config_id == cfg.id)).first()
+                if held is not None:
+                    return held.status, held.time_ms
+                session.add(TrialRow(problem_id=problem.id, config_id=cfg.id, status=status,
+                                     time_ms=time_ms, model_ms=model_ms, error=error,
+                                     tflops=flops / time_ms / 1e9 if time_ms else None))
+            return status, time_ms
+        except IntegrityError:
+            if attempt == 3:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _problem_filter(key: ProblemKey):
@@ -203,13 +243,15 @@ class Winner:
     shape: tuple[int, int, int]
 
 
-def best_per_problem(engine: Engine, key: ProblemKey) -> dict[tuple[int, int, int], Winner]:
+def best_per_problem(engine: Engine, key: ProblemKey, status: str = TrialStatus.OK
+                     ) -> dict[tuple[int, int, int], Winner]:
     """For every tuned shape of ``key``'s family: the fastest correct configuration
-    (ties broken by name, so that every reader picks the same one)."""
+    (ties broken by name, so that every reader picks the same one); ``status="model"``
+    reads a dry run's estimates instead of measurements."""
     stmt = (select(ProblemRow.rows, ProblemRow.cols, ProblemRow.depth, ConfigRow.params,
                    ConfigRow.name, TrialRow.time_ms)
             .join(TrialRow.problem).join(ProblemRow.gpu).join(TrialRow.config_row)
-            .where(*_problem_filter(key), TrialRow.status == TrialStatus.OK))
+            .where(*_problem_filter(key), TrialRow.status == status))
     best: dict[tuple[int, int, int], tuple[float, str, dict]] = {}
     with Session(engine) as session:
         for rows, cols, depth, params, name, time_ms in session.execute(stmt):

@@ -22,7 +22,7 @@ import optuna
 from sqlalchemy.engine import Engine
 
 from .config import ALayout, ATile, KernelConfig
-from .db import ProblemKey, TrialStatus, Winner, best_per_problem, record_trial
+from .db import GOOD, ProblemKey, TrialStatus, Winner, best_per_problem, record_trial, trials_of
 from .model import GpuSpec, estimate, feasible, rank
 from .space import (
     MS_CHOICES,
@@ -148,6 +148,63 @@ def model_seeds(task: TuneTask, count: int) -> list[KernelConfig]:
     return seeds[:count]
 
 
+# ------------------------------------------------------------------ measuring
+Outcome = tuple[str, float, "str | None"]  # status, value told to Optuna, error text
+
+
+class GpuMeasurer:
+    """Compile a batch in the process pool, then check each kernel against float64 once
+    and time it with CUDA events on this process's GPU."""
+
+    def __init__(self, task: TuneTask, pool: Any):
+        from .dispatch import template_hash
+        from .gpu.launch import device_info
+        from .gpu.measure import ProblemBench
+
+        info = device_info()
+        self.key = task.key(info.name, info.cuda_version, template_hash())
+        self._pool = pool
+        self._bench = ProblemBench(task.n, task.m, task.vec, task.a_layout, task.rows,
+                                   task.cols, task.depth)
+        self._errors: dict[str, str] = {}
+
+    def prepare(self, configs: list[KernelConfig]) -> None:
+        self._errors = dict(e.split(": ", 1) for e in self._pool.compile(configs))
+
+    def measure(self, config: KernelConfig) -> Outcome:
+        from .gpu.launch import Kernel
+        from .gpu.measure import RTOL
+
+        if config.name in self._errors:
+            return TrialStatus.COMPILE_ERROR, INFEASIBLE_MS, self._errors[config.name]
+        try:
+            kernel = Kernel(config)
+            err = self._bench.error(kernel)
+            if not err < RTOL:
+                return TrialStatus.WRONG, INFEASIBLE_MS, f"relative error {err:.3g}"
+            return TrialStatus.OK, self._bench.time_ms(kernel), None
+        except Exception as exc:  # a kernel that fails to launch is a result, not a crash
+            return TrialStatus.LAUNCH_ERROR, INFEASIBLE_MS, f"{type(exc).__name__}: {exc}"
+
+
+class ModelMeasurer:
+    """The dry run's stand-in: the analytic model's time, no GPU. Recorded with status
+    ``model`` under a GPU row of its own, so dispatch never takes it for a measurement."""
+
+    def __init__(self, task: TuneTask):
+        from .dispatch import template_hash
+
+        self.key = task.key(f"model:{task.gpu.name}", 0, template_hash())
+        self._task = task
+
+    def prepare(self, configs: list[KernelConfig]) -> None:
+        pass
+
+    def measure(self, config: KernelConfig) -> Outcome:
+        t = self._task
+        return TrialStatus.MODEL, estimate(config, t.gpu, t.rows, t.cols, t.depth).time_ms, None
+
+
 # ------------------------------------------------------------------ running
 @dataclass
 class TuneReport:
@@ -159,72 +216,127 @@ class TuneReport:
     statuses: dict[str, int] = field(default_factory=dict)
 
 
+PLANNED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING)
+
+
 @dataclass
 class Tuner:
+    """Fills one study per problem up to ``trials`` complete trials. Several tuners (in
+    several processes or hosts) may fill the same study through a shared storage: each
+    asks only for what is not yet done or running, and a trial asked beyond the plan in
+    a race is given back unmeasured (state FAIL, user attribute ``surplus``)."""
+
     engine: Engine
-    storage_url: str
+    storage: Any  # optuna BaseStorage or URL
     trials: int = 40
     batch: int = 8
     workers: int = 8
+    dry_run: bool = False
+    seed: int = 0
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)
     _compile_pool: Any = None
 
+    def study_name(self, task: TuneTask) -> str:
+        return ("model-" if self.dry_run else "") + task.study_name
+
+    def open_work(self, task: TuneTask) -> tuple[int, int]:
+        """(complete, running) trials of ``task``'s study, (0, 0) before it exists."""
+        from .studies import fail_stale
+
+        try:
+            study = optuna.load_study(study_name=self.study_name(task), storage=self.storage)
+        except KeyError:
+            return 0, 0
+        fail_stale(study)
+        states = [t.state for t in study.get_trials(deepcopy=False, states=PLANNED)]
+        running = states.count(optuna.trial.TrialState.RUNNING)
+        return len(states) - running, running
+
+    def measurer(self, task: TuneTask):
+        return ModelMeasurer(task) if self.dry_run else GpuMeasurer(task, self._pool())
+
     def tune(self, task: TuneTask, time_budget_s: float = math.inf) -> TuneReport:
-        from .dispatch import template_hash
-        from .gpu.launch import Kernel, device_info
-        from .gpu.measure import RTOL, ProblemBench
         start = time.monotonic()
-        info = device_info()
-        key = task.key(info.name, info.cuda_version, template_hash())
-        study = self._study(task, key)
-        bench = ProblemBench(task.n, task.m, task.vec, task.a_layout, task.rows, task.cols,
-                             task.depth)
-        seen: dict[str, tuple[float, float]] = {}  # config name → (value, violation)
-        for t in study.get_trials(deepcopy=False):
-            if t.state == optuna.trial.TrialState.COMPLETE and "config" in t.user_attrs:
-                seen[t.user_attrs["config"]] = (t.value, t.user_attrs.get("violation", 0.0))
+        measurer = self.measurer(task)
+        study = self._study(task, measurer.key)
         statuses: dict[str, int] = {}
-        measured = 0
         batches = 0
         # The first batch (the model's seeds) always runs: every shape gets a winner, even
         # when setting the problem up used its share of the budget.
-        while (self._done(study) < self.trials
-               and (batches == 0 or time.monotonic() - start < time_budget_s)):
+        while batches == 0 or time.monotonic() - start < time_budget_s:
+            wanted = min(self.batch, self.trials - self._planned(study))
+            if wanted <= 0:
+                break
             batches += 1
-            asked = [study.ask() for _ in range(min(self.batch,
-                                                    self.trials - self._done(study)))]
-            configs = [suggest_config(t, task) for t in asked]
-            fresh = [c for c in configs if c is not None and feasible(c, task.gpu) is None
-                     and c.name not in seen]
-            errors = dict(e.split(": ", 1) for e in self._pool().compile(fresh))
-            for trial, config in zip(asked, configs, strict=True):
-                if config is None or feasible(config, task.gpu) is not None:
-                    _tell(study, trial, INFEASIBLE_MS, 1.0)
-                    statuses[TrialStatus.INFEASIBLE] = statuses.get(
-                        TrialStatus.INFEASIBLE, 0) + 1
-                    continue
-                trial.set_user_attr("config", config.name)
-                if config.name in seen:  # the sampler repeated itself: reuse the result
-                    _tell(study, trial, *seen[config.name])
-                    continue
-                model_ms = estimate(config, task.gpu, task.rows, task.cols,
-                                    task.depth).time_ms
-                status, value, error = self._measure(config, errors.get(config.name),
-                                                     bench, Kernel, RTOL)
-                measured += status == TrialStatus.OK
-                statuses[status] = statuses.get(status, 0) + 1
-                seen[config.name] = (value, 0.0 if status == TrialStatus.OK else 1.0)
-                _tell(study, trial, *seen[config.name])
-                record_trial(self.engine, key, config, template_hash(), status,
-                             value if status == TrialStatus.OK else None, model_ms, error)
-        winners = best_per_problem(self.engine, key)
-        winner = winners.get((task.rows, task.cols, task.depth))
+            self._run_batch(study, task, measurer, wanted, statuses)
+        winner = best_per_problem(self.engine, measurer.key,
+                                  TrialStatus.MODEL if self.dry_run else TrialStatus.OK
+                                  ).get((task.rows, task.cols, task.depth))
+        measured = statuses.get(TrialStatus.OK, 0) + statuses.get(TrialStatus.MODEL, 0)
         report = TuneReport(task, self._done(study), measured, winner,
                             time.monotonic() - start, statuses)
-        self.log(f"{task.study_name}: {report.trials} trials ({measured} measured now), "
-                 + (f"best {winner.time_ms:.4f} ms {winner.config.name}" if winner
-                    else "no correct kernel"))
+        self.log(f"{self.study_name(task)}: {report.trials} trials ({measured} measured "
+                 "here), " + (f"best {winner.time_ms:.4f} ms {winner.config.name}" if winner
+                              else "no correct kernel"))
         return report
+
+    def _run_batch(self, study: optuna.Study, task: TuneTask, measurer, wanted: int,
+                   statuses: dict[str, int]) -> None:
+        from .studies import ask, heartbeat, worker_id
+
+        asked = [ask(study) for _ in range(wanted)]
+        with heartbeat(study._storage, asked):
+            for trial in self._give_back_surplus(study, asked):
+                asked.remove(trial)
+            for trial in asked:
+                trial.set_user_attr("worker", worker_id())
+            configs = [suggest_config(t, task) for t in asked]
+            known = self._known(study, measurer.key)
+            fresh = {c.name: c for c in configs if c is not None and c.name not in known
+                     and feasible(c, task.gpu) is None}
+            measurer.prepare(list(fresh.values()))
+            for trial, config in zip(asked, configs, strict=True):
+                status, value, violation = self._outcome(task, measurer, config, known)
+                statuses[status] = statuses.get(status, 0) + 1
+                if config is not None:
+                    trial.set_user_attr("config", config.name)
+                    trial.set_user_attr("status", status)
+                _tell(study, trial, value, violation)
+
+    def _outcome(self, task: TuneTask, measurer, config: KernelConfig | None,
+                 known: dict[str, tuple[str, float]]) -> tuple[str, float, float]:
+        """(status, value, constraint violation) of one configuration, measured at most
+        once per problem: a configuration already in the database keeps its result."""
+        if config is None or feasible(config, task.gpu) is not None:
+            return TrialStatus.INFEASIBLE, INFEASIBLE_MS, 1.0
+        if config.name not in known:
+            from .dispatch import template_hash
+
+            status, value, error = measurer.measure(config)
+            model_ms = estimate(config, task.gpu, task.rows, task.cols, task.depth).time_ms
+            kept = record_trial(self.engine, measurer.key, config, template_hash(), status,
+                                value if status in GOOD else None, model_ms, error)
+            known[config.name] = kept or (status, value)
+        status, value = known[config.name]
+        return status, value, 0.0 if status in GOOD else 1.0
+
+    def _known(self, study: optuna.Study, key: ProblemKey) -> dict[str, tuple[str, float]]:
+        """Results this problem already has: the database's trials (any worker's)."""
+        return {row.config_row.name: (row.status, row.time_ms if row.status in GOOD
+                                      else INFEASIBLE_MS)
+                for row in trials_of(self.engine, key)}
+
+    def _give_back_surplus(self, study: optuna.Study,
+                           asked: list[optuna.Trial]) -> list[optuna.Trial]:
+        """Trials beyond the first ``trials`` planned ones (by number): another worker
+        asked at the same time. They are failed unmeasured, never counted."""
+        planned = sorted(t.number for t in study.get_trials(deepcopy=False, states=PLANNED))
+        keep = set(planned[:self.trials])
+        surplus = [t for t in asked if t.number not in keep]
+        for trial in surplus:
+            trial.set_user_attr("surplus", True)
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        return surplus
 
     def _pool(self):
         from .gpu.timing import CompilePool
@@ -237,23 +349,10 @@ class Tuner:
         if self._compile_pool is not None:
             self._compile_pool.close()
 
-    @staticmethod
-    def _measure(config, compile_error, bench, kernel_cls, rtol):
-        if compile_error is not None:
-            return TrialStatus.COMPILE_ERROR, INFEASIBLE_MS, compile_error
-        try:
-            kernel = kernel_cls(config)
-            err = bench.error(kernel)
-            if not err < rtol:
-                return TrialStatus.WRONG, INFEASIBLE_MS, f"relative error {err:.3g}"
-            return TrialStatus.OK, bench.time_ms(kernel), None
-        except Exception as exc:  # a kernel that fails to launch is a result, not a crash
-            return TrialStatus.LAUNCH_ERROR, INFEASIBLE_MS, f"{type(exc).__name__}: {exc}"
-
     def _study(self, task: TuneTask, key: ProblemKey) -> optuna.Study:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        sampler = optuna.samplers.TPESampler(seed=0, n_startup_trials=SEEDS_FROM_MODEL)
-        study = optuna.create_study(study_name=task.study_name, storage=self.storage_url,
+        sampler = optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=SEEDS_FROM_MODEL)
+        study = optuna.create_study(study_name=self.study_name(task), storage=self.storage,
                                     sampler=sampler, direction="minimize",
                                     load_if_exists=True)
         tuned = [w.config for s, w in sorted(best_per_problem(self.engine, key).items())
@@ -265,25 +364,27 @@ class Tuner:
         return study
 
     @staticmethod
+    def _planned(study: optuna.Study) -> int:
+        return len(study.get_trials(deepcopy=False, states=PLANNED))
+
+    @staticmethod
     def _done(study: optuna.Study) -> int:
-        return sum(t.state == optuna.trial.TrialState.COMPLETE
-                   for t in study.get_trials(deepcopy=False))
+        return len(study.get_trials(deepcopy=False,
+                                    states=(optuna.trial.TrialState.COMPLETE,)))
 
 
-def dry_run(task: TuneTask, top: int, compile_top: bool = True) -> list[dict]:
-    """Rank by the model and compile the top configurations with nvcc (no GPU needed)."""
+def compile_report(configs: list[KernelConfig]) -> list[dict]:
+    """Compile ``configs`` with nvcc for their arch (no GPU needed): registers, spills."""
     from concurrent.futures import ThreadPoolExecutor
 
     from .codegen import render
     from .compile import compile_with_nvcc
 
-    seeds = model_seeds(task, top)
-    rows = [{"config": c.name, "model_ms": estimate(c, task.gpu, task.rows, task.cols,
-                                                    task.depth).time_ms} for c in seeds]
-    if compile_top:
-        with ThreadPoolExecutor(max_workers=4) as pool:  # nvcc runs as a child process
-            compiled = list(pool.map(lambda c: compile_with_nvcc(render(c)), seeds))
-        for row, config, result in zip(rows, seeds, compiled, strict=True):
-            res = result.resources[config.name]
-            row.update(registers=res.registers, spills=res.spill_stores + res.spill_loads)
+    with ThreadPoolExecutor(max_workers=4) as pool:  # nvcc runs as a child process
+        compiled = list(pool.map(lambda c: compile_with_nvcc(render(c)), configs))
+    rows = []
+    for config, result in zip(configs, compiled, strict=True):
+        res = result.resources[config.name]
+        rows.append({"config": config.name, "registers": res.registers,
+                     "spills": res.spill_stores + res.spill_loads})
     return rows

@@ -57,13 +57,21 @@ def test_bad_config_is_a_clear_error(tmp_path):
 def test_tune_dry_run_show_and_export_from_db(tmp_path):
     shapes = tmp_path / "shapes.txt"
     shapes.write_text("# two small shapes\n64 256 512\n17 300 200\n")
+    dry = f"sqlite:///{tmp_path / 'dry.db'}"
     result = nmgen_cli("tune", "--gpu", "h100", "--shapes", str(shapes), "--pattern", "2:4",
-                       "--vec", "16", "--dry-run", "--trials", "2")
+                       "--vec", "16", "--dry-run", "--trials", "3", "--compile-top", "2",
+                       "--db", dry)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.count("nm_spmm_f32_n2m4l16") >= 4
-    assert "[2/2] nmgen_h100_2:4_l16_f32_rm_17x300x200" in result.stdout
+    assert result.stdout.count("nm_spmm_f32_n2m4l16") == 4  # 2 compiled a problem
+    assert "[2/2] model-nmgen_h100_2:4_l16_f32_rm_17x300x200" in result.stdout
+    assert "regs=" in result.stdout and "2 of 2 complete" in result.stdout
 
-    from nmgen.db import connect, record_trial
+    from nmgen.db import connect, record_trial, summary
+
+    dry_rows = summary(connect(dry))  # the dry run's estimates, never measurements
+    assert len(dry_rows) == 2 and all(1 <= r["trials"] <= 3 and r["ok"] == 0
+                                      for r in dry_rows)
+
     from tests.test_db_dispatch import FAST, KEY
 
     url = f"sqlite:///{tmp_path / 'tuned.db'}"

@@ -55,6 +55,14 @@ class DeviceInfo:
 _DEVICE_INFO: dict[int, DeviceInfo] = {}
 
 
+def device_count() -> int:
+    """How many CUDA GPUs this process sees (0 without CuPy or a driver)."""
+    try:
+        return _cupy().cuda.runtime.getDeviceCount()
+    except Exception:  # no CuPy, no driver, no device: all mean "none here"
+        return 0
+
+
 def device_info() -> DeviceInfo:
     """The current device, queried once per device."""
     cp = _cupy()

@@ -1,0 +1,168 @@
+"""Optuna storages that several tuning workers share, and what keeps them honest.
+
+- One process: the RDB storage at the tuned database's URL (SQLite by default).
+- Several workers on one host: Optuna's journal storage (``journal:PATH``, a file with a
+  lock), the default for ``--devices`` when the database is SQLite.
+- Several hosts: an RDB storage on a database server (``postgresql+psycopg://...``).
+
+A worker that dies must not leave a trial running forever. On an RDB storage Optuna's
+heartbeats do it: every running trial beats while it is measured, and any worker fails
+trials whose beat went stale and enqueues a retry. The journal storage has no
+heartbeats, so there the parent of the ``--devices`` workers does the same for a child
+that exits abnormally (:func:`fail_orphans`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+import optuna
+from optuna.storages import (
+    BaseStorage,
+    JournalStorage,
+    RDBStorage,
+    RetryHeartbeatStaleTrialCallback,
+)
+from optuna.storages._heartbeat import BaseHeartbeat
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+JOURNAL_PREFIX = "journal:"
+# Seconds between heartbeats, and without one before a trial counts as dead (the tests
+# shorten both through the environment).
+HEARTBEAT_S = int(os.environ.get("NMGEN_HEARTBEAT_S", "5"))
+GRACE_S = int(os.environ.get("NMGEN_HEARTBEAT_GRACE_S", "30"))
+MAX_RETRY = 3
+
+
+class StorageError(ValueError):
+    """A storage that cannot serve the requested workers."""
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Optuna marks heartbeats experimental and warns when they are used without
+    ``Study.optimize``; nmgen uses them through ask-and-tell on purpose."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.filterwarnings("ignore", message="Heartbeat of storage")
+        yield
+
+
+def ask(study: optuna.Study) -> optuna.Trial:
+    """A new trial, beating at once: Optuna counts a running trial as stale only once it
+    has a heartbeat, so a worker killed before the first beat would leave it forever."""
+    with _quiet():
+        trial = study.ask()
+    if uses_heartbeats(study._storage):
+        study._storage.record_heartbeat(trial._trial_id)
+    return trial
+
+
+def worker_id() -> str:
+    """Who runs a trial: stored on it so that a dead worker's trials can be found."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def is_sqlite(url: str) -> bool:
+    return url.startswith("sqlite")
+
+
+def default_storage_url(db_url: str, workers: int) -> str:
+    """The tuned database itself for one worker; a journal file beside a SQLite database
+    for several; the database server itself when there is one."""
+    if workers > 1 and is_sqlite(db_url):
+        path = db_url.split("///", 1)[1] if "///" in db_url else "nmgen-optuna"
+        return f"{JOURNAL_PREFIX}{path}.optuna-journal"
+    return db_url
+
+
+def check_storage(url: str, workers: int) -> None:
+    if workers > 1 and is_sqlite(url):
+        raise StorageError(
+            f"--storage {url}: Optuna's RDB storage on SQLite is not safe for {workers} "
+            "worker processes; use --storage journal:PATH (one host) or a database server "
+            "URL such as postgresql+psycopg://user@host/db (several hosts)")
+
+
+def open_storage(url: str, heartbeat_s: int = HEARTBEAT_S,
+                 grace_s: int = GRACE_S) -> BaseStorage:
+    if url.startswith(JOURNAL_PREFIX):
+        return JournalStorage(JournalFileBackend(url[len(JOURNAL_PREFIX):]))
+    if is_sqlite(url):  # one writer: no heartbeats needed
+        return RDBStorage(url)
+    for attempt in range(5):  # fresh database: workers starting together race to make tables
+        try:
+            with _quiet():
+                retry = RetryHeartbeatStaleTrialCallback(MAX_RETRY)
+                return RDBStorage(url, heartbeat_interval=heartbeat_s, grace_period=grace_s,
+                                  heartbeat_stale_trial_callback=retry)
+        except (IntegrityError, OperationalError, ProgrammingError):
+            if attempt == 4:
+                raise
+            time.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def uses_heartbeats(storage: BaseStorage) -> bool:
+    """True for an RDB storage with heartbeats, also behind Optuna's caching wrapper."""
+    return isinstance(storage, BaseHeartbeat) and storage.get_heartbeat_interval() is not None
+
+
+@contextmanager
+def heartbeat(storage: BaseStorage, trials: Iterable[optuna.Trial]) -> Iterator[None]:
+    """Beat for ``trials`` from a background thread while the block runs (a batch's
+    compile and measurement can take longer than the grace period)."""
+    if not uses_heartbeats(storage):
+        yield
+        return
+    ids = [t._trial_id for t in trials]
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            for trial_id in ids:
+                storage.record_heartbeat(trial_id)
+            if stop.wait(HEARTBEAT_S):
+                return
+
+    thread = threading.Thread(target=beat, daemon=True, name="nmgen-heartbeat")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def fail_stale(study: optuna.Study) -> None:
+    """Fail trials whose worker stopped beating (RDB storages) and enqueue their retry."""
+    with _quiet():
+        optuna.storages.fail_stale_trials(study)
+
+
+def fail_orphans(storage: BaseStorage, dead_worker: str) -> int:
+    """Fail the running trials of a worker known to be dead, enqueue a retry of each
+    (what heartbeats do on an RDB storage); returns how many."""
+    with _quiet():
+        retry = RetryHeartbeatStaleTrialCallback(MAX_RETRY)
+    failed = 0
+    for summary in storage.get_all_studies():
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if trial.user_attrs.get("worker") != dead_worker:
+                continue
+            try:
+                storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue
+            retry(study, storage.get_trial(trial._trial_id))
+            failed += 1
+    return failed

@@ -1,0 +1,92 @@
+"""Tuning workers: one process's walk over the problems, and ``--devices`` (one worker
+process per GPU of this host, all filling the same studies through a shared storage).
+
+Worker ``i`` of ``w`` starts at problem ``i·len/w`` and walks round the list, so the
+workers start on different shapes and then help wherever a study is still short of
+trials. A worker leaves when every study has its trials; while others still run the
+last ones it waits, failing stale trials (a dead worker's) so that they are redone.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .studies import fail_orphans, open_storage
+from .tuner import Tuner, TuneTask
+
+POLL_S = 2.0
+
+
+@dataclass
+class WorkerReport:
+    studies: int  # studies this worker added trials to
+    complete: int  # studies with all their trials when it left
+    total: int
+    seconds: float
+
+
+def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = math.inf,
+               index: int = 0, count: int = 1,
+               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)
+               ) -> WorkerReport:
+    start = time.monotonic()
+    first = index * len(tasks) // max(count, 1)
+    order = list(tasks[first:]) + list(tasks[:first])
+    worked: set[str] = set()
+    while True:
+        open_tasks = [t for t in order if sum(tuner.open_work(t)) < tuner.trials]
+        for i, task in enumerate(open_tasks, 1):
+            left = time_budget_s - (time.monotonic() - start)
+            if left <= 0:
+                break
+            if sum(tuner.open_work(task)) >= tuner.trials:  # filled by others meanwhile
+                continue
+            log(f"[{tasks.index(task) + 1}/{len(tasks)}] {tuner.study_name(task)}")
+            tuner.tune(task, time_budget_s=left / (len(open_tasks) - i + 1))
+            worked.add(task.study_name)
+        unfinished = [t for t in order if tuner.open_work(t)[0] < tuner.trials]
+        out_of_time = time.monotonic() - start >= time_budget_s
+        if not unfinished or out_of_time:
+            if out_of_time and unfinished:
+                log(f"time budget spent: {len(unfinished)} of {len(tasks)} studies short "
+                    "of their trials")
+            return WorkerReport(len(worked), len(tasks) - len(unfinished), len(tasks),
+                                time.monotonic() - start)
+        if not open_tasks:  # the rest is running elsewhere: wait for it (or its failure)
+            time.sleep(POLL_S)
+
+
+def supervise(child_argv: Callable[[int, str], list[str]], devices: Sequence[str],
+              storage_url: str, log: Callable[[str], None]) -> int:
+    """Run one worker process per device (``CUDA_VISIBLE_DEVICES`` set to it) and wait.
+    A worker that dies has its running trials failed and re-enqueued for the others."""
+    import os
+
+    from .studies import worker_id
+
+    host = worker_id().split(":")[0]
+    procs = {}
+    for i, device in enumerate(devices):
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": device}
+        procs[device] = subprocess.Popen([sys.executable, "-m", "nmgen.cli",
+                                          *child_argv(i, device)], env=env)
+        log(f"worker {i} on GPU {device}: pid {procs[device].pid}")
+    failures = 0
+    while procs:
+        time.sleep(0.2)
+        for device, proc in list(procs.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            del procs[device]
+            if code != 0:
+                failures += 1
+                orphans = fail_orphans(open_storage(storage_url), f"{host}:{proc.pid}")
+                log(f"worker on GPU {device} (pid {proc.pid}) exited with {code}; "
+                    f"{orphans} of its running trials failed and enqueued again")
+    return 1 if failures else 0

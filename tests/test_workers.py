@@ -1,0 +1,181 @@
+"""Several tuning workers sharing studies: real worker processes (`nmgen tune --dry-run`,
+the model standing in for the GPU), a real PostgreSQL server (started by `.ci/run`, URL in
+NMGEN_TEST_POSTGRES) and a real SQLite file with a journal storage for `--devices`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+
+import optuna
+import pytest
+from sqlalchemy import create_engine, func, select, text
+from sqlalchemy.orm import Session
+
+from nmgen.db import ConfigRow, ProblemRow, TrialRow, connect
+from nmgen.studies import open_storage
+
+TRIALS = 10
+PATTERN, VEC = "2:4", "16"
+SHAPES = [(64, 256, 512), (17, 300, 200), (128, 512, 256), (33, 128, 384), (256, 256, 256),
+          (8, 640, 128), (96, 192, 320), (1, 512, 512)]
+FAST_HEARTBEAT = {"NMGEN_HEARTBEAT_S": "1", "NMGEN_HEARTBEAT_GRACE_S": "4"}
+
+
+@pytest.fixture
+def pg_url():
+    """A fresh database on the test PostgreSQL server, dropped afterwards."""
+    base = os.environ.get("NMGEN_TEST_POSTGRES")
+    if not base:
+        if os.environ.get("NMGEN_REQUIRE_POSTGRES") == "1":
+            pytest.fail("NMGEN_REQUIRE_POSTGRES=1 but NMGEN_TEST_POSTGRES is not set")
+        pytest.skip("no PostgreSQL server (NMGEN_TEST_POSTGRES)")
+    name = f"nmgen_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE {name}"))
+    yield base.rsplit("/", 1)[0] + f"/{name}"
+    with admin.connect() as conn:
+        conn.execute(text(f"DROP DATABASE {name} WITH (FORCE)"))
+    admin.dispose()
+
+
+@pytest.fixture
+def shapes_file(tmp_path):
+    path = tmp_path / "shapes.txt"
+    path.write_text("".join(f"{m} {n} {k}\n" for m, n, k in SHAPES))
+    return path
+
+
+def worker(shapes, db, storage, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    args = ["tune", "--gpu", "h100", "--shapes", str(shapes), "--pattern", PATTERN,
+            "--vec", VEC, "--trials", str(TRIALS), "--dry-run", "--compile-top", "0",
+            "--db", db, "--storage", storage, *extra]
+    return subprocess.Popen([sys.executable, "-m", "nmgen.cli", *args],
+                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> str:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err[-3000:]
+    return out + err
+
+
+def check_consistent(db: str, storage: str) -> Counter:
+    """Every study has exactly TRIALS complete trials and nothing left running or waiting;
+    the database holds one row per configuration a study measured, with the value the
+    study was told. Returns the complete trials per worker."""
+    store = open_storage(storage)
+    studies = store.get_all_studies()
+    assert len(studies) == len(SHAPES)
+    engine = create_engine(db)
+    by_worker: Counter = Counter()
+    for summary in studies:
+        study = optuna.load_study(study_name=summary.study_name, storage=store)
+        trials = study.get_trials(deepcopy=False)
+        states = Counter(t.state for t in trials)
+        assert states[optuna.trial.TrialState.COMPLETE] == TRIALS, (summary.study_name, states)
+        assert not states[optuna.trial.TrialState.RUNNING]
+        assert not states[optuna.trial.TrialState.WAITING]
+        rows_m, rows_n, rows_k = (int(x) for x in summary.study_name.rsplit("_", 1)[1]
+                                  .split("x"))
+        with Session(engine) as session:
+            held = dict(session.execute(
+                select(ConfigRow.name, TrialRow.time_ms).join(TrialRow.config_row)
+                .join(TrialRow.problem).where(ProblemRow.rows == rows_m,
+                                              ProblemRow.cols == rows_n,
+                                              ProblemRow.depth == rows_k)).all())
+        measured = {}
+        for t in trials:
+            if t.state == optuna.trial.TrialState.COMPLETE:
+                by_worker[t.user_attrs["worker"]] += 1
+                if t.user_attrs.get("status") == "model":
+                    measured[t.user_attrs["config"]] = t.value
+        assert measured == held, summary.study_name
+    with Session(engine) as session:  # one row per (problem, configuration)
+        pairs = session.execute(select(TrialRow.problem_id, TrialRow.config_id,
+                                       func.count()).group_by(TrialRow.problem_id,
+                                                              TrialRow.config_id)).all()
+        assert pairs and all(count == 1 for *_, count in pairs)
+    engine.dispose()
+    return by_worker
+
+
+def test_two_workers_share_studies_on_postgres(pg_url, shapes_file):
+    procs = [worker(shapes_file, pg_url, pg_url, "--worker-index", str(i),
+                    "--worker-count", "2") for i in range(2)]
+    for proc in procs:
+        finish(proc)
+    by_worker = check_consistent(pg_url, pg_url)
+    assert len(by_worker) == 2, by_worker  # both contributed
+    assert sum(by_worker.values()) == TRIALS * len(SHAPES)
+
+
+def test_two_workers_without_index_race_on_the_same_studies(pg_url, shapes_file):
+    """Both start on the first study at once: trials asked beyond the plan are given back
+    unmeasured, never counted."""
+    procs = [worker(shapes_file, pg_url, pg_url) for _ in range(2)]
+    for proc in procs:
+        finish(proc)
+    assert sum(check_consistent(pg_url, pg_url).values()) == TRIALS * len(SHAPES)
+
+
+def test_killed_worker_loses_nothing_and_its_trial_is_redone(pg_url, shapes_file):
+    # A worker that died mid-trial before the run: a running trial whose heartbeat stops.
+    storage = open_storage(pg_url, heartbeat_s=1, grace_s=4)
+    first = f"model-nmgen_h100_{PATTERN}_l{VEC}_f32_rm_" + "x".join(map(str, SHAPES[0]))
+    study = optuna.create_study(study_name=first, storage=storage, direction="minimize")
+    dead = study.ask()
+    dead.set_user_attr("worker", "elsewhere:1")
+    storage.record_heartbeat(dead._trial_id)
+
+    procs = [worker(shapes_file, pg_url, pg_url, "--worker-index", str(i),
+                    "--worker-count", "2", env=FAST_HEARTBEAT) for i in range(2)]
+    engine = connect(pg_url)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # kill worker 0 a third of the way through
+        with Session(engine) as session:
+            if (session.scalar(select(func.count()).select_from(TrialRow)) or 0) >= 20:
+                break
+        time.sleep(0.05)
+    procs[0].send_signal(signal.SIGKILL)
+    procs[0].wait()
+    finish(procs[1])
+    engine.dispose()
+    by_worker = check_consistent(pg_url, pg_url)
+    assert sum(by_worker.values()) == TRIALS * len(SHAPES)
+    retried = [t for t in optuna.load_study(study_name=first, storage=pg_url).get_trials()
+               if t.number == dead.number]
+    assert retried[0].state == optuna.trial.TrialState.FAIL  # failed by a heartbeat check
+
+
+def test_devices_run_workers_on_a_journal_beside_sqlite(tmp_path, shapes_file):
+    db = f"sqlite:///{tmp_path / 'tuned.db'}"
+    args = ["tune", "--gpu", "h100", "--shapes", str(shapes_file), "--pattern", PATTERN,
+            "--vec", VEC, "--trials", str(TRIALS), "--dry-run", "--compile-top", "0",
+            "--db", db, "--devices", "0,1"]
+    result = subprocess.run([sys.executable, "-m", "nmgen.cli", *args], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 workers finished" in result.stdout
+    journal = f"journal:{tmp_path / 'tuned.db'}.optuna-journal"
+    by_worker = check_consistent(db, journal)
+    assert len(by_worker) == 2, (by_worker, result.stderr[-3000:])
+    assert sum(by_worker.values()) == TRIALS * len(SHAPES)
+
+
+def test_rdb_storage_on_sqlite_is_refused_for_several_workers(tmp_path, shapes_file):
+    db = f"sqlite:///{tmp_path / 'tuned.db'}"
+    args = ["tune", "--gpu", "h100", "--shapes", str(shapes_file), "--dry-run",
+            "--db", db, "--storage", db, "--devices", "0,1"]
+    result = subprocess.run([sys.executable, "-m", "nmgen.cli", *args], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2
+    assert "not safe for 2 worker processes" in result.stderr
+    assert "journal:PATH" in result.stderr
