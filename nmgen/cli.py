@@ -159,6 +159,58 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from .db import connect, default_url, record_ceilings
+    from .dispatch import Dispatcher
+    from .gpu.bench import run_bench
+    from .gpu.launch import device_info
+    from .model import gpu_of_device_name
+    from .results import summary_table, write_all
+
+    info = device_info()
+    shapes = read_shapes(args.shapes)
+    dispatcher = Dispatcher([args.db] if args.db else None)
+    start = time.monotonic()
+    rows, ceilings = run_bench(shapes, _patterns(args.pattern), args.vec, dispatcher,
+                               repeat=args.repeat)
+    gpu = gpu_of_device_name(info.name) or info.name
+    record_ceilings(connect(args.db or default_url()), gpu, info.name,
+                    ceilings.fp32_tflops, ceilings.dram_gbs)
+    meta = {"device": info.name, "gpu": gpu, "cuda_runtime": info.cuda_version,
+            "command": "nmgen " + " ".join(sys.argv[1:]), "seconds":
+            round(time.monotonic() - start, 1), "date": time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                    time.gmtime())}
+    ceil = {"fp32_tflops": ceilings.fp32_tflops, "dram_gbs": ceilings.dram_gbs}
+    paths = write_all(rows, args.out, ceil, meta)
+    print(summary_table(rows))
+    if not args.no_plots:
+        paths += _draw(rows, ceil, args.out, info.name)
+    print("\n".join(str(p) for p in paths))
+    wrong = sum(not r.correct for r in rows)
+    if wrong:
+        print(f"nmgen bench: {wrong} results differ from the float64 reference",
+              file=sys.stderr)
+    return 1 if wrong else 0
+
+
+def _draw(rows, ceilings: dict, out: Path, device: str) -> list[Path]:
+    from .plots import all_plots
+
+    return all_plots(rows, ceilings, out, device)
+
+
+def _plot(args: argparse.Namespace) -> int:
+    import json
+
+    from .results import read_csv
+
+    rows = read_csv(args.dir / "bench.csv")
+    record = json.loads((args.dir / "bench.json").read_text())
+    for path in _draw(rows, record["ceilings"], args.dir, record.get("device", "")):
+        print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmgen", description="N:M sparse GEMM kernel "
                                      "compiler and autotuner")
@@ -203,6 +255,21 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--cubin", action="store_true",
                         help="also compile with nvcc: .cubin and the ptxas resource report")
     export.set_defaults(run=_export)
+
+    bench = sub.add_parser("bench", help="nmgen (through dispatch) against cuBLAS, with "
+                           "tables and plots")
+    bench.add_argument("--shapes", type=Path, required=True, help="file of 'M N K' lines")
+    bench.add_argument("--pattern", default="16:32,12:32,8:32,4:32")
+    bench.add_argument("--vec", type=int, default=32, help="vector length L")
+    bench.add_argument("--db", help="your tuned database (default: yours, then shipped)")
+    bench.add_argument("--repeat", type=int, default=20, help="timed runs (median)")
+    bench.add_argument("--out", type=Path, default=Path("bench_out"), help="output directory")
+    bench.add_argument("--no-plots", action="store_true", help="tables only")
+    bench.set_defaults(run=_bench)
+
+    plot = sub.add_parser("plot", help="redraw the plots of a recorded bench output")
+    plot.add_argument("dir", type=Path, help="an nmgen bench --out directory")
+    plot.set_defaults(run=_plot)
     return parser
 
 

@@ -71,6 +71,19 @@ class GpuRow(Base):
     sms: Mapped[int] = mapped_column(Integer)
 
 
+class CeilingRow(Base):
+    """A GPU's ceilings as ``nmgen bench`` measured them (FFMA loop, device copy)."""
+
+    __tablename__ = "nm_ceilings"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    gpu: Mapped[str] = mapped_column(String(64), index=True)  # table name, e.g. "h100"
+    device_name: Mapped[str] = mapped_column(String(128))
+    fp32_tflops: Mapped[float] = mapped_column(Float)
+    dram_gbs: Mapped[float] = mapped_column(Float)
+    measured: Mapped[datetime.datetime] = mapped_column(
+        DateTime, default=lambda: datetime.datetime.now(datetime.timezone.utc))
+
+
 class ConfigRow(Base):
     __tablename__ = "nm_kernel_configs"
     __table_args__ = (UniqueConstraint("name", "source_hash"),)
@@ -293,3 +306,17 @@ def summary(engine: Engine) -> list[dict]:
                 "model_ms": best.model_ms if best else None,
             })
     return out
+
+
+def record_ceilings(engine: Engine, gpu: str, device_name: str, fp32_tflops: float,
+                    dram_gbs: float) -> None:
+    with Session(engine) as session, session.begin():
+        session.add(CeilingRow(gpu=gpu, device_name=device_name, fp32_tflops=fp32_tflops,
+                               dram_gbs=dram_gbs))
+
+
+def latest_ceilings(engine: Engine, gpu: str) -> CeilingRow | None:
+    with Session(engine) as session:
+        return session.scalars(select(CeilingRow).where(CeilingRow.gpu == gpu)
+                               .order_by(CeilingRow.measured.desc(), CeilingRow.id.desc())
+                               ).first()

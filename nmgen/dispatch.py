@@ -64,13 +64,7 @@ class Dispatcher:
         return self._engines
 
     def key_for(self, a_shape: tuple[int, int], a_layout: ALayout, b: NMMatrix) -> ProblemKey:
-        info = device_info()
-        gpu = gpu_of_device_name(info.name) or info.name.lower().replace(" ", "_")
-        return ProblemKey(gpu=gpu, device_name=info.name, arch=info.arch.value,
-                          cuda_version=info.cuda_version, sms=info.sms,
-                          template_hash=template_hash(), n=b.n, m=b.m, vec=b.vec,
-                          dtype="f32", a_layout=a_layout.value, rows=a_shape[0],
-                          cols=b.shape[1], depth=b.shape[0])
+        return problem_key(b.n, b.m, b.vec, a_layout, a_shape[0], b.shape[1], b.shape[0])
 
     def decide(self, key: ProblemKey) -> Decision:
         cached = self._decisions.get(key)
@@ -126,6 +120,17 @@ class Dispatcher:
                       f"L={key.vec} {key.a_layout} M={key.rows} N={key.cols} K={key.depth}; "
                       f"using the {decision.source} choice {decision.config.name} (said once; "
                       "nmgen.dispatch_stats() counts every fallback)", stacklevel=3)
+
+
+def problem_key(n: int, m: int, vec: int, a_layout: ALayout, rows: int, cols: int,
+                depth: int) -> ProblemKey:
+    """The database key of a problem on the current device."""
+    info = device_info()
+    gpu = gpu_of_device_name(info.name) or info.name.lower().replace(" ", "_")
+    return ProblemKey(gpu=gpu, device_name=info.name, arch=info.arch.value,
+                      cuda_version=info.cuda_version, sms=info.sms,
+                      template_hash=template_hash(), n=n, m=m, vec=vec, dtype="f32",
+                      a_layout=a_layout.value, rows=rows, cols=cols, depth=depth)
 
 
 def _distance(s1: tuple[int, int, int], s2: tuple[int, int, int]) -> float:

@@ -1,0 +1,153 @@
+"""``nmgen bench`` results on the host: the row type, the derived figures, and the CSV,
+Markdown and summary writers (no GPU needed: they also run on recorded data)."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .report import geomean, markdown_table
+
+RTOL = 1e-5
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One (pattern, shape): nmgen through dispatch and the dense cuBLAS baselines, all
+    timed in one process (milliseconds, median of CUDA-event timings)."""
+
+    pattern: str  # "n:m"
+    vec: int
+    M: int
+    N: int
+    K: int
+    nmgen_ms: float
+    sgemm_ms: float
+    tf32_ms: float
+    bf16_ms: float
+    model_ms: float  # the analytic model's prediction for the dispatched kernel
+    rel_error: float  # against the float64 reference, output poisoned before the launch
+    source: str  # dispatch's decision: exact, nearest or model
+    config: str
+
+    @property
+    def n(self) -> int:
+        return int(self.pattern.split(":")[0])
+
+    @property
+    def m(self) -> int:
+        return int(self.pattern.split(":")[1])
+
+    @property
+    def dense_flops(self) -> float:
+        return 2.0 * self.M * self.N * self.K
+
+    @property
+    def speedup(self) -> float:
+        """Over cuBLAS SGEMM, the FP32 dense baseline."""
+        return self.sgemm_ms / self.nmgen_ms
+
+    @property
+    def ideal(self) -> float:
+        return self.m / self.n
+
+    @property
+    def pct_ideal(self) -> float:
+        return 100.0 * self.speedup / self.ideal
+
+    @property
+    def tflops_dense_eq(self) -> float:
+        return self.dense_flops / self.nmgen_ms / 1e9
+
+    @property
+    def tflops_executed(self) -> float:
+        """The FLOPs the kernel really does (n of every m rows)."""
+        return self.dense_flops * self.n / self.m / self.nmgen_ms / 1e9
+
+    @property
+    def intensity(self) -> float:
+        """Executed FLOPs per DRAM byte at the minimum traffic: A, B's values and
+        indices, C, each once."""
+        kept = self.K * self.n / self.m
+        nbytes = 4 * (self.M * self.K + kept * self.N + self.M * self.N) \
+            + kept * self.N / self.vec
+        return self.dense_flops * self.n / self.m / nbytes
+
+    @property
+    def correct(self) -> bool:
+        return self.rel_error < RTOL
+
+
+DERIVED = ("speedup", "ideal", "pct_ideal", "tflops_dense_eq", "tflops_executed", "intensity")
+FIELDS = tuple(f.name for f in dataclasses.fields(BenchRow))
+
+
+def write_csv(rows: Sequence[BenchRow], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(FIELDS + DERIVED)
+        for r in rows:
+            writer.writerow([getattr(r, k) for k in FIELDS]
+                            + [f"{getattr(r, k):.6g}" for k in DERIVED])
+
+
+def read_csv(path: Path) -> list[BenchRow]:
+    types = {f.name: f.type for f in dataclasses.fields(BenchRow)}
+    cast = {"int": int, "float": float, "str": str}
+    with path.open(newline="") as f:
+        return [BenchRow(**{k: cast[types[k]](v) for k, v in rec.items() if k in types})
+                for rec in csv.DictReader(f)]
+
+
+def shapes_table(rows: Sequence[BenchRow]) -> str:
+    return markdown_table(
+        ["pattern", "M", "N", "K", "nmgen ms", "SGEMM ms", "speedup", "% of ideal",
+         "TF32 ms", "BF16 ms", "TFLOP/s (dense-eq.)", "model ms", "dispatch", "rel. error"],
+        [[r.pattern, r.M, r.N, r.K, f"{r.nmgen_ms:.4f}", f"{r.sgemm_ms:.4f}",
+          f"{r.speedup:.2f}x", f"{r.pct_ideal:.0f}%", f"{r.tf32_ms:.4f}", f"{r.bf16_ms:.4f}",
+          f"{r.tflops_dense_eq:.1f}", f"{r.model_ms:.4f}", r.source, f"{r.rel_error:.1e}"]
+         for r in rows])
+
+
+def summary(rows: Sequence[BenchRow]) -> list[dict]:
+    """Per pattern: speedup over SGEMM (geometric mean, min, max), percent of ideal, and
+    the dense tensor-core baselines' speedups over SGEMM for reference."""
+    out = []
+    for pattern in dict.fromkeys(r.pattern for r in rows):
+        sel = [r for r in rows if r.pattern == pattern]
+        speed = [r.speedup for r in sel]
+        out.append({
+            "pattern": pattern, "shapes": len(sel), "geomean": geomean(speed),
+            "min": min(speed), "max": max(speed),
+            "pct_ideal": geomean([r.pct_ideal for r in sel]),
+            "tf32_geomean": geomean([r.sgemm_ms / r.tf32_ms for r in sel]),
+            "bf16_geomean": geomean([r.sgemm_ms / r.bf16_ms for r in sel]),
+            "wrong": sum(not r.correct for r in sel),
+            "exact": sum(r.source == "exact" for r in sel),
+        })
+    return out
+
+
+def summary_table(rows: Sequence[BenchRow]) -> str:
+    return markdown_table(
+        ["pattern", "shapes", "geomean speedup", "min", "max", "geomean % of ideal",
+         "TF32 / SGEMM", "BF16 / SGEMM", "tuned (exact)", "wrong"],
+        [[s["pattern"], s["shapes"], f"{s['geomean']:.2f}x", f"{s['min']:.2f}x",
+          f"{s['max']:.2f}x", f"{s['pct_ideal']:.0f}%", f"{s['tf32_geomean']:.2f}x",
+          f"{s['bf16_geomean']:.2f}x", s["exact"], s["wrong"]] for s in summary(rows)])
+
+
+def write_all(rows: Sequence[BenchRow], out: Path, ceilings: dict | None = None,
+              meta: dict | None = None) -> list[Path]:
+    """bench.csv, bench.md (summary, then every shape) and bench.json (ceilings, run)."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, out / "bench.csv")
+    (out / "bench.md").write_text("## Summary\n\n" + summary_table(rows)
+                                  + "\n## Every shape\n\n" + shapes_table(rows))
+    (out / "bench.json").write_text(json.dumps({"ceilings": ceilings, **(meta or {}),
+                                                "summary": summary(rows)}, indent=2) + "\n")
+    return [out / "bench.csv", out / "bench.md", out / "bench.json"]

@@ -1,0 +1,76 @@
+"""`nmgen bench` writers and plots on recorded rows (no GPU): the files exist and hold
+exactly the numbers given."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from nmgen.results import BenchRow, read_csv, shapes_table, summary, write_all
+
+ROWS = [
+    BenchRow("8:32", 32, 256, 2048, 2048, 0.010, 0.030, 0.012, 0.006, 0.009, 2e-7, "exact",
+             "cfg_a"),
+    BenchRow("8:32", 32, 4096, 8192, 4096, 1.000, 3.200, 0.900, 0.400, 0.950, 3e-7, "nearest",
+             "cfg_b"),
+    BenchRow("4:32", 32, 256, 2048, 2048, 0.008, 0.030, 0.012, 0.006, 0.007, 1e-6, "model",
+             "cfg_c"),
+    BenchRow("4:32", 32, 4096, 8192, 4096, 0.500, 3.200, 0.900, 0.400, 0.600, 0.5, "model",
+             "cfg_d"),  # a wrong result must be counted, not hidden
+]
+CEILINGS = {"fp32_tflops": 60.5, "dram_gbs": 3000.0}
+
+
+def test_derived_figures():
+    r = ROWS[1]
+    assert r.speedup == pytest.approx(3.2)
+    assert r.ideal == 4 and r.pct_ideal == pytest.approx(80.0)
+    assert r.tflops_dense_eq == pytest.approx(2 * 4096 * 8192 * 4096 / 1e-3 / 1e12)
+    assert r.tflops_executed == pytest.approx(r.tflops_dense_eq / 4)
+    kept = 4096 / 4
+    nbytes = 4 * (4096 * 4096 + kept * 8192 + 4096 * 8192) + kept * 8192 / 32
+    assert r.intensity == pytest.approx(2 * 4096 * 8192 * 4096 / 4 / nbytes)
+
+
+def test_summary_geomean_min_max_and_wrong():
+    by = {s["pattern"]: s for s in summary(ROWS)}
+    assert list(by) == ["8:32", "4:32"]
+    assert by["8:32"]["geomean"] == pytest.approx(math.sqrt(3.0 * 3.2))
+    assert by["8:32"]["min"] == pytest.approx(3.0) and by["8:32"]["max"] == pytest.approx(3.2)
+    assert by["8:32"]["exact"] == 1 and by["8:32"]["wrong"] == 0
+    assert by["4:32"]["wrong"] == 1
+    assert by["4:32"]["tf32_geomean"] == pytest.approx(math.sqrt(2.5 * 3.2 / 0.9))
+
+
+def test_csv_markdown_json_hold_the_numbers(tmp_path):
+    paths = write_all(ROWS, tmp_path, CEILINGS, {"device": "NVIDIA H100 80GB HBM3"})
+    assert all(p.exists() for p in paths)
+    assert read_csv(tmp_path / "bench.csv") == ROWS  # round trip, every field
+    with (tmp_path / "bench.csv").open() as f:
+        recs = list(csv.DictReader(f))
+    assert float(recs[1]["speedup"]) == pytest.approx(3.2)
+    assert float(recs[1]["pct_ideal"]) == pytest.approx(80.0)
+    md = (tmp_path / "bench.md").read_text()
+    assert "| 8:32 | 2 | 3.10x | 3.00x | 3.20x |" in md
+    assert "| 4:32 | 4096 | 8192 | 4096 | 0.5000 | 3.2000 | 6.40x |" in md
+    record = json.loads((tmp_path / "bench.json").read_text())
+    assert record["ceilings"] == CEILINGS and record["device"].startswith("NVIDIA H100")
+    assert record["summary"][1]["wrong"] == 1
+    assert shapes_table(ROWS).count("\n") == len(ROWS) + 2
+
+
+def test_plots_from_recorded_output(tmp_path):
+    pytest.importorskip("matplotlib")
+    write_all(ROWS, tmp_path, CEILINGS, {"device": "test GPU"})
+    result = subprocess.run([sys.executable, "-m", "nmgen.cli", "plot", str(tmp_path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    for name in ("speedup.png", "roofline.png", "model.png"):
+        png = tmp_path / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+        assert str(png) in result.stdout
