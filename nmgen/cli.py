@@ -165,14 +165,17 @@ def _bench(args: argparse.Namespace) -> int:
     from .gpu.bench import run_bench
     from .gpu.launch import device_info
     from .model import gpu_of_device_name
-    from .results import summary_table, write_all
+    from .results import summary_table, write_all, write_csv
 
     info = device_info()
     shapes = read_shapes(args.shapes)
     dispatcher = Dispatcher([args.db] if args.db else None)
     start = time.monotonic()
+    args.out.mkdir(parents=True, exist_ok=True)
+    partial = args.out / "bench.partial.csv"  # rows so far: a cut run still leaves them
     rows, ceilings = run_bench(shapes, _patterns(args.pattern), args.vec, dispatcher,
-                               repeat=args.repeat)
+                               repeat=args.repeat, on_row=lambda rows: write_csv(rows, partial))
+    partial.unlink(missing_ok=True)
     gpu = gpu_of_device_name(info.name) or info.name
     record_ceilings(connect(args.db or default_url()), gpu, info.name,
                     ceilings.fp32_tflops, ceilings.dram_gbs)

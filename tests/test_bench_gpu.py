@@ -53,3 +53,17 @@ def test_small_bench_run(tmp_path):
     for name in ("bench.md", "speedup.png", "roofline.png", "model.png"):
         assert (out / name).stat().st_size > 0
     assert "geomean speedup" in result.stdout
+
+
+def test_bench_check_densifies_exactly():
+    import cupy as cp
+
+    import nmgen
+    from nmgen.gpu.bench import dense_float64, random_weight
+
+    rng = np.random.default_rng()
+    b = nmgen.prune(rng.standard_normal((75, 100), dtype=np.float32), "3:8", 16)
+    assert np.array_equal(cp.asnumpy(dense_float64(b)), b.to_dense().astype(np.float64))
+    w = random_weight(2, 8, 32, 99, 70)  # odd K and N: padding inside, invisible outside
+    assert w.shape == (99, 70) and np.array_equal(cp.asnumpy(dense_float64(w)),
+                                                  w.to_dense().astype(np.float64))
