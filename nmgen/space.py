@@ -6,6 +6,7 @@ candidate list and keeps only what ``KernelConfig`` accepts.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 from collections.abc import Iterator
@@ -70,8 +71,14 @@ def random_config(problem: Problem, rng: random.Random, max_tries: int = 10000,
     raise ConfigError(f"no valid configuration found for {problem}")
 
 
-def enumerate_configs(problem: Problem) -> Iterator[KernelConfig]:
-    """Every valid configuration of the space (split-K 1), in a fixed order."""
+@functools.cache
+def enumerate_configs(problem: Problem) -> tuple[KernelConfig, ...]:
+    """Every valid configuration of the space (split-K 1), in a fixed order. Cached: it
+    takes about a second and every shape of a pattern shares it."""
+    return tuple(_valid_configs(problem))
+
+
+def _valid_configs(problem: Problem) -> Iterator[KernelConfig]:
     grid = itertools.product(MS_CHOICES, NS_CHOICES, ks_choices(problem.m), MT_CHOICES,
                              NT_CHOICES, WARP_LAYOUTS, (False, True), STAGE_CHOICES,
                              tile_choices(problem))
