@@ -35,7 +35,7 @@ def speedup_plot(rows: Sequence[BenchRow], path: Path, title: str = "") -> Path:
         x = range(len(sel))
         ax.bar(x, [r.speedup for r in sel], color="tab:blue", label="nmgen (FP32)")
         ax.axhline(sel[0].ideal, color="tab:red", linestyle="--",
-                   label=f"ideal {sel[0].ideal:g}x")
+                   label=f"ideal {sel[0].ideal:.3g}x")
         ax.plot(x, [r.sgemm_ms / r.tf32_ms for r in sel], "k.", markersize=4,
                 label="cuBLAS TF32")
         ax.plot(x, [r.sgemm_ms / r.bf16_ms for r in sel], "g.", markersize=4,
