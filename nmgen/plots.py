@@ -74,16 +74,8 @@ def roofline_plot(rows: Sequence[BenchRow], ceilings: dict, path: Path,
     ax.plot([2 * r.M * r.N * r.K / (4 * (r.M * r.K + r.K * r.N + r.M * r.N)) for r in dense],
             [r.dense_flops / r.sgemm_ms / 1e9 for r in dense], "kx", markersize=5,
             label="cuBLAS SGEMM")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP / DRAM byte)")
-    ax.set_ylabel("TFLOP/s")
-    ax.set_title(title or "Roofline")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save_loglog(plt, fig, ax, path, "arithmetic intensity (FLOP / DRAM byte)",
+                        "TFLOP/s", title or "Roofline")
 
 
 def model_plot(rows: Sequence[BenchRow], path: Path, title: str = "") -> Path:
@@ -96,11 +88,16 @@ def model_plot(rows: Sequence[BenchRow], path: Path, title: str = "") -> Path:
     lo = min(min(r.model_ms, r.nmgen_ms) for r in rows) / 1.5
     hi = max(max(r.model_ms, r.nmgen_ms) for r in rows) * 1.5
     ax.plot([lo, hi], [lo, hi], "k--", linewidth=0.8, label="measured = predicted")
+    return _save_loglog(plt, fig, ax, path, "model prediction (ms)", "measured (ms)",
+                        title or "Analytic model against measurement")
+
+
+def _save_loglog(plt, fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> Path:
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("model prediction (ms)")
-    ax.set_ylabel("measured (ms)")
-    ax.set_title(title or "Analytic model against measurement")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
