@@ -179,3 +179,42 @@ def test_rdb_storage_on_sqlite_is_refused_for_several_workers(tmp_path, shapes_f
     assert result.returncode == 2
     assert "not safe for 2 worker processes" in result.stderr
     assert "journal:PATH" in result.stderr
+
+
+def test_fail_orphans_fails_and_requeues_a_dead_workers_trial(tmp_path):
+    from nmgen.studies import fail_orphans
+
+    storage = open_storage(f"journal:{tmp_path / 'journal'}")
+    study = optuna.create_study(study_name="s", storage=storage)
+    alive, dead = study.ask(), study.ask()
+    for trial, owner in ((alive, "host:1"), (dead, "host:2")):
+        trial.suggest_int("x", 0, 9)
+        trial.set_user_attr("worker", owner)
+    assert fail_orphans(storage, "host:2") == 1
+    trials = {t.number: t for t in study.get_trials()}
+    assert trials[alive.number].state == optuna.trial.TrialState.RUNNING
+    assert trials[dead.number].state == optuna.trial.TrialState.FAIL
+    retry = [t for t in trials.values() if t.state == optuna.trial.TrialState.WAITING]
+    assert len(retry) == 1 and retry[0].params == trials[dead.number].params
+
+
+def test_devices_worker_killed_the_other_finishes(tmp_path, shapes_file):
+    db = f"sqlite:///{tmp_path / 'tuned.db'}"
+    args = ["tune", "--gpu", "h100", "--shapes", str(shapes_file), "--pattern", PATTERN,
+            "--vec", VEC, "--trials", str(TRIALS), "--dry-run", "--compile-top", "0",
+            "--db", db, "--devices", "0,1"]
+    proc = subprocess.Popen([sys.executable, "-m", "nmgen.cli", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid = None
+    for line in proc.stderr:  # "nmgen tune: worker 1 on GPU 1: pid N"
+        if "worker 1 on GPU 1: pid" in line:
+            pid = int(line.rsplit(" ", 1)[1])
+        if pid and line.startswith("[worker 1]") and "trials" in line:
+            os.kill(pid, signal.SIGKILL)  # after its first study, while it works on more
+            break
+    out, err = proc.communicate(timeout=300)
+    assert pid is not None
+    assert proc.returncode == 1, err[-3000:]  # a worker died: said, and the exit code says so
+    assert f"(pid {pid}) exited with -9" in err
+    by_worker = check_consistent(db, f"journal:{tmp_path / 'tuned.db'}.optuna-journal")
+    assert sum(by_worker.values()) == TRIALS * len(SHAPES)
