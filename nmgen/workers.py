@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from .studies import fail_orphans, open_storage
 from .tuner import Tuner, TuneTask
 
-POLL_S = 2.0
+POLL_S = 0.5  # a waiting worker looks again this often
 
 
 @dataclass
