@@ -46,7 +46,9 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
                 break
             if sum(tuner.open_work(task)) >= tuner.trials:  # filled by others meanwhile
                 continue
-            log(f"[{tasks.index(task) + 1}/{len(tasks)}] {tuner.study_name(task)}")
+            done = len(tasks) - len(open_tasks) + i - 1
+            log(f"[{tasks.index(task) + 1}/{len(tasks)}] {tuner.study_name(task)} "
+                f"({done} of {len(tasks)} done or taken, {time.monotonic() - start:.0f} s)")
             tuner.tune(task, time_budget_s=left / (len(open_tasks) - i + 1))
             worked.add(task.study_name)
         unfinished = [t for t in order if tuner.open_work(t)[0] < tuner.trials]
