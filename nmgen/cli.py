@@ -63,6 +63,7 @@ def _supervise(args: argparse.Namespace, devices: list[str], db_url: str,
 
     connect(db_url)  # tables and storage made once, before the workers race to make them
     open_storage(storage_url)
+
     def child_argv(index: int, _device: str) -> list[str]:
         argv = ["tune", "--gpu", args.gpu, "--shapes", str(args.shapes), "--pattern",
                 args.pattern, "--vec", str(args.vec), "--layout", args.layout, "--trials",
@@ -160,7 +161,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .db import connect, default_url, record_ceilings
+    from .db import connect, default_url, record_ceilings, shipped_db
     from .dispatch import Dispatcher
     from .gpu.bench import run_bench
     from .gpu.launch import device_info
@@ -169,10 +170,8 @@ def _bench(args: argparse.Namespace) -> int:
 
     info = device_info()
     shapes = read_shapes(args.shapes)
-    from .db import shipped_db
-
-    urls = [args.db] + ([f"sqlite:///{shipped_db()}"] if shipped_db().exists() else [])
-    dispatcher = Dispatcher(urls if args.db else None)  # yours first, then the shipped
+    shipped = [f"sqlite:///{shipped_db()}"] if shipped_db().exists() else []
+    dispatcher = Dispatcher([args.db, *shipped] if args.db else None)  # yours, then shipped
     start = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
     partial = args.out / "bench.partial.csv"  # rows so far: a cut run still leaves them

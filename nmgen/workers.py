@@ -10,6 +10,8 @@ last ones it waits, failing stale trials (a dead worker's) so that they are redo
 from __future__ import annotations
 
 import math
+import os
+import socket
 import subprocess
 import sys
 import time
@@ -67,11 +69,7 @@ def supervise(child_argv: Callable[[int, str], list[str]], devices: Sequence[str
               storage_url: str, log: Callable[[str], None]) -> int:
     """Run one worker process per device (``CUDA_VISIBLE_DEVICES`` set to it) and wait.
     A worker that dies has its running trials failed and re-enqueued for the others."""
-    import os
-
-    from .studies import worker_id
-
-    host = worker_id().split(":")[0]
+    host = socket.gethostname()  # a worker's id is host:pid (studies.worker_id)
     procs = {}
     for i, device in enumerate(devices):
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": device}
