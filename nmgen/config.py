@@ -21,8 +21,8 @@ class ALayout(str, Enum):
 class ATile(str, Enum):
     """How the A tile sits in shared memory."""
 
-    K_MAJOR = "tk"  # rows of K, MS floats wide: float4 fragment reads; row-major A is
-    #                 transposed on the way in by 4-byte copies
+    K_MAJOR = "tk"  # rows of K, MS floats wide: float4 fragment reads; row-major A lands
+    #                 M-major first and each thread transposes the chunks it copied
     M_MAJOR = "tm"  # rows of M (row-major A only): 16-byte copies in, scalar fragment reads
 
 
@@ -132,20 +132,56 @@ class KernelConfig:
     def a_stride(self) -> int:
         """Shared-memory row stride of the A tile, in floats.
 
-        K-major tile: row-major A is transposed on its way in by 4-byte copies; the
-        4-float pad spreads 8 consecutive K rows of a warp's store over all 32 banks.
+        K-major tile fed by a landing tile: swizzled (no pad) or, where the swizzle does not
+        apply, padded by 4 floats so that K rows 4 apart sit 16 banks apart.
         M-major tile: rows of 16-byte chunks, the stride 4·odd so that the 8 rows a warp
         reads at once fall in 8 different banks.
         """
         if self.a_tile is ATile.M_MAJOR:
             stride = -(-self.a_rows // 4) * 4
             return stride + 4 if stride % 8 == 0 else stride
-        return self.ms + (4 if self.a_layout is ALayout.ROW_MAJOR else 0)
+        if self.landing and not self.swizzle:
+            return self.ms + 4
+        return self.ms
+
+    @property
+    def swizzle(self) -> bool:
+        """Landing transposes into an XOR-swizzled tile: float4 chunk j of K row k is
+        stored at chunk j ^ (k/4 mod 8). A warp's transposing stores (4 M rows x 8 chunks
+        along K) and its fragment reads then use all 32 banks. Needs whole 32-float
+        windows: 32 | MS, 32 | A_ROWS, and a thread's row chunks 32 floats apart."""
+        return (self.landing and self.ms % 32 == 0 and self.a_rows % 32 == 0
+                and (self.mt == 4 or self.warp_m * 4 % 32 == 0))
 
     @property
     def a_words(self) -> int:
         rows = self.ms if self.a_tile is ATile.M_MAJOR else self.a_rows
         return rows * self.a_stride
+
+    @property
+    def landing(self) -> bool:
+        """Row-major A into a K-major tile: 16-byte copies land M-major, then each thread
+        transposes its own chunks into one of two compute tiles."""
+        return self.a_layout is ALayout.ROW_MAJOR and self.a_tile is ATile.K_MAJOR
+
+    @property
+    def landing_stride(self) -> int:
+        """Floats between rows of the M-major landing tile: the A-tile rows rounded to 4;
+        without the swizzle (lanes in pairs along K), then to 8 mod 16, so that the 16-byte
+        chunks of 4 rows x 2 lanes cover all banks."""
+        rows4 = -(-self.a_rows // 4) * 4
+        return rows4 if self.swizzle else rows4 + (8 - rows4) % 16
+
+    @property
+    def compute_tiles(self) -> int:
+        """K-major tiles fed by the landing tile (double-buffered; one for one stage)."""
+        return (1 if self.stages == 1 else 2) if self.landing else 0
+
+    @property
+    def landing_tiles(self) -> int:
+        """Landing tiles: a stage's is transposed before the copies of the stage after the
+        next are issued, so STAGES-1 of them (one for a single stage)."""
+        return max(1, self.stages - 1) if self.landing else 0
 
     @property
     def registers_estimate(self) -> int:
@@ -167,13 +203,19 @@ class KernelConfig:
 
     @property
     def stage_words(self) -> tuple[int, int, int]:
-        """Floats/ints per stage: (A tile, B' tile, index table)."""
-        return self.a_words, self.ws * self.ns, self.pos_words
+        """Floats/ints per pipeline stage: (A tile, B' tile, index table); the A tile is 0
+        where A goes through landing tiles."""
+        return (0 if self.landing else self.a_words), self.ws * self.ns, self.pos_words
+
+    @property
+    def landing_words(self) -> int:
+        return self.ms * self.landing_stride
 
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory per block."""
-        return 4 * self.stages * sum(self.stage_words)
+        return 4 * (self.stages * sum(self.stage_words) + self.landing_tiles * self.landing_words
+                    + self.compute_tiles * self.a_words)
 
     def _rules(self) -> list[tuple[str, bool]]:
         pos = all(v >= 1 for v in (self.n, self.m, self.vec, self.ms, self.ns, self.ks,

@@ -314,9 +314,10 @@ class Tuner:
 
             status, value, error = measurer.measure(config)
             model_ms = estimate(config, task.gpu, task.rows, task.cols, task.depth).time_ms
-            kept = record_trial(self.engine, measurer.key, config, template_hash(), status,
-                                value if status in GOOD else None, model_ms, error)
-            known[config.name] = kept or (status, value)
+            held, held_ms = record_trial(self.engine, measurer.key, config, template_hash(),
+                                         status, value if status in GOOD else None, model_ms,
+                                         error)
+            known[config.name] = (held, held_ms if held in GOOD else INFEASIBLE_MS)
         status, value = known[config.name]
         return status, value, 0.0 if status in GOOD else 1.0
 

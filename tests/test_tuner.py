@@ -24,10 +24,6 @@ class FailingTuner(Tuner):
         return FailingMeasurer(task)
 
 
-@pytest.mark.xfail(strict=True, reason="known defect: a fresh failed measurement is told to "
-                   "Optuna as None (record_trial returns no time for it), so the trial ends "
-                   "FAIL instead of COMPLETE with a constraint violation; fix in "
-                   "Tuner._outcome needs a GPU test run")
 def test_failed_measurements_complete_as_constraint_violations(tmp_path):
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
     task = TuneTask(gpu_spec("h100"), 2, 4, 16, ALayout.ROW_MAJOR, 64, 256, 512)

@@ -27,26 +27,23 @@ from nmgen.gpu.timing import precompile, time_ms  # noqa: E402
 from nmgen.report import markdown_table  # noqa: E402
 
 NM_SPMM_SPEEDUP = {"16:32": 1.87, "12:32": 2.5, "8:32": 3.6, "4:32": 6.2}  # issue 2 targets
-TILES = [  # (MS, NS, MT, NT, warp_m, warp_n)
-    (128, 128, 8, 8, 8, 4),
-    (64, 256, 8, 8, 4, 8),
-    (128, 256, 8, 8, 8, 4),
-    (128, 256, 8, 16, 8, 4),
-    (128, 128, 8, 16, 8, 4),
-    (256, 128, 16, 8, 8, 4),
-]
+TILES = (  # MSxNSxMTxNTxWARP_MxWARP_N
+    "128x128x8x8x8x4", "64x256x8x8x4x8", "128x256x8x8x8x4", "128x128x8x16x8x4",
+    "128x256x16x8x8x4", "256x128x16x8x8x4", "128x128x16x8x8x4", "64x256x16x8x4x8",
+)
 KS_WINDOWS = (1, 2, 4)
 RTOL = 1e-5
 
 
-def grid(n: int, m: int, vec: int) -> list[KernelConfig]:
+def grid(n: int, m: int, vec: int, tiles=TILES, windows=KS_WINDOWS, packings=(False, True),
+         stages=(2, 3), a_tiles=("tk", "tm")) -> list[KernelConfig]:
     configs = []
-    for tile, windows, packing, stages, a_tile in itertools.product(
-            TILES, KS_WINDOWS, (False, True), (2, 3), ("tk", "tm")):
-        ms, ns, mt, nt, wm, wn = tile
+    for tile, window, packing, stage, a_tile in itertools.product(
+            tiles, windows, packings, stages, a_tiles):
+        ms, ns, mt, nt, wm, wn = (int(x) for x in tile.split("x"))
         with contextlib.suppress(ConfigError):
-            configs.append(KernelConfig(n, m, vec, ms, ns, m * windows, mt, nt, warp_m=wm,
-                                        warp_n=wn, packing=packing, stages=stages,
+            configs.append(KernelConfig(n, m, vec, ms, ns, m * window, mt, nt, warp_m=wm,
+                                        warp_n=wn, packing=packing, stages=stage,
                                         a_tile=a_tile))
     return configs
 
@@ -75,6 +72,11 @@ def main() -> None:
     parser.add_argument("--patterns", default="16:32,12:32,8:32,4:32")
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--tiles", default=",".join(TILES), help="MSxNSxMTxNTxWMxWN,...")
+    parser.add_argument("--windows", default="1,2,4", help="KS in windows of m")
+    parser.add_argument("--packing", choices=("both", "yes", "no"), default="both")
+    parser.add_argument("--stages", default="2,3")
+    parser.add_argument("--a-tiles", default="tk,tm")
     args = parser.parse_args()
 
     import cupy as cp
@@ -99,7 +101,10 @@ def main() -> None:
         b = nmgen.prune(w_dense.get(), pattern, args.vec)
         ref = nmgen.reference(a_rm, b)
         ref_norm = float(cp.linalg.norm(ref))
-        configs = grid(n, m, args.vec)
+        configs = grid(n, m, args.vec, args.tiles.split(","),
+                       [int(w) for w in args.windows.split(",")],
+                       {"both": (False, True), "yes": (True,), "no": (False,)}[args.packing],
+                       [int(x) for x in args.stages.split(",")], args.a_tiles.split(","))
         errors = precompile(configs, workers=min(16, os.cpu_count() or 1))
         for e in errors:
             print("compile error:", e, flush=True)
