@@ -20,6 +20,13 @@ MAX_BLOCKS_PER_SM = 32
 # pipeline turn-around) in cycles.
 STALL_FACTOR = 0.70
 STAGE_OVERHEAD_CYCLES = 1200
+# Instruction counts read off the SASS of the main loop (sm_90): per compressed row the
+# index read and addressing; per stage the copies, the transposition and the loop/barrier.
+ROW_ADDRESSING = 1.5
+COPY16_INSTRUCTIONS = 4  # cp.async of 16 bytes with its address and predicate
+COPY4_INSTRUCTIONS = 6  # cp.async of 4 bytes: gathered row, bounds checks
+TRANSPOSE_CHUNK_INSTRUCTIONS = 6  # LDS.128, 4 STS, address
+STAGE_FIXED_INSTRUCTIONS = 40
 CLOCK_GHZ = 1.9
 # Reserved by the driver per resident block (CUDA occupancy calculator).
 SMEM_RESERVED_PER_BLOCK = 1024
@@ -154,9 +161,9 @@ def _a_rows_fraction(config: KernelConfig) -> float:
     return min(1.0, expected, config.a_rows / config.ks)
 
 
-def issue_efficiency(config: KernelConfig) -> float:
-    """FFMAs over all instructions of one compressed row in the inner loop, shared-memory
-    replays (bank conflicts) counted as extra instructions."""
+def _row_instructions(config: KernelConfig) -> tuple[float, float]:
+    """(FFMAs, other instructions) of one compressed row in the inner loop, per thread;
+    shared-memory replays (bank conflicts) counted as extra instructions."""
     ffma = config.mt * config.nt
     # A warp whose columns span several groups of L reads several A rows at once.
     groups_per_warp = max(1.0, config.warp_n * config.nt / config.vec)
@@ -165,8 +172,29 @@ def issue_efficiency(config: KernelConfig) -> float:
     else:  # float4 reads of contiguous rows
         a_loads = config.mt / 4 * groups_per_warp
     b_loads = config.nt / 4 * max(1.0, config.warp_n * config.nt / 32)
-    other = a_loads * config.thread_groups + b_loads + 1.5  # + index, address
-    return ffma / (ffma + other)
+    return ffma, a_loads * config.thread_groups + b_loads + ROW_ADDRESSING
+
+
+def _stage_copy_instructions(config: KernelConfig) -> float:
+    """Instructions per thread that copy one stage into shared memory: 16-byte copies
+    along a contiguous dimension, 4-byte ones for packed (gathered) rows, and for a
+    landing tile the transposition (one 16-byte read and four stores a chunk)."""
+    a_cells = config.a_rows * config.ms / config.threads
+    if config.packing:
+        a_cost = a_cells * COPY4_INSTRUCTIONS
+    else:
+        a_cost = a_cells / 4 * COPY16_INSTRUCTIONS
+    if config.landing:
+        a_cost += a_cells / 4 * TRANSPOSE_CHUNK_INSTRUCTIONS
+    b_cost = config.ws * config.ns / 4 / config.threads * COPY16_INSTRUCTIONS
+    return a_cost + b_cost + STAGE_FIXED_INSTRUCTIONS
+
+
+def issue_efficiency(config: KernelConfig) -> float:
+    """FFMAs over all instructions of one main-loop stage (inner loop and copies)."""
+    ffma, other = _row_instructions(config)
+    stage_ffma = ffma * config.ws
+    return stage_ffma / (stage_ffma + other * config.ws + _stage_copy_instructions(config))
 
 
 def block_intensity(config: KernelConfig) -> float:
@@ -187,9 +215,10 @@ def estimate(config: KernelConfig, gpu: GpuSpec, m_rows: int, n_cols: int, k: in
     k_pad = math.ceil(k / config.ks) * config.ks
     w_rows = k_pad * config.n // config.m
     flops = 2.0 * row_blocks * config.ms * col_blocks * config.ns * w_rows
-    # Latency hiding: few resident warps cannot keep the FP32 pipes busy.
+    # Latency hiding: fewer than 8 resident warps cannot keep the FP32 pipes busy; 8 with
+    # a 16x8 thread tile's ILP do as well as more (core benchmark).
     warps = per_sm * config.threads / 32
-    occupancy_eff = min(1.0, 0.55 + warps / 32)
+    occupancy_eff = min(1.0, 0.75 + warps / 32)
     eff = issue_efficiency(config) * occupancy_eff * STALL_FACTOR
     compute_ms = flops / (gpu.peak_fp32_tflops * 1e12 * eff) * 1e3
     a_bytes = 4.0 * m_rows * k_pad * _a_rows_fraction(config)
@@ -197,8 +226,7 @@ def estimate(config: KernelConfig, gpu: GpuSpec, m_rows: int, n_cols: int, k: in
     c_bytes = 4.0 * m_rows * n_cols * (1 if config.split_k == 1 else 2 * config.split_k + 1)
     compulsory = a_bytes + b_bytes + c_bytes
     # Row-major A transposed by 4-byte copies moves a quarter of the bytes per L1 access.
-    a_copy_eff = 0.25 if (config.a_layout is ALayout.ROW_MAJOR
-                          and (config.a_tile is ATile.K_MAJOR or config.packing)) else 1.0
+    a_copy_eff = 0.25 if config.a_layout is ALayout.ROW_MAJOR and config.packing else 1.0
     through_l2 = a_bytes * col_blocks / a_copy_eff + b_bytes * row_blocks + c_bytes
     memory_ms = max(compulsory / (gpu.dram_gbs * 1e9), through_l2 / (gpu.l2_gbs * 1e9)) * 1e3
     stages = k_pad / config.ks / config.split_k
