@@ -180,10 +180,8 @@ def _stage_copy_instructions(config: KernelConfig) -> float:
     along a contiguous dimension, 4-byte ones for packed (gathered) rows, and for a
     landing tile the transposition (one 16-byte read and four stores a chunk)."""
     a_cells = config.a_rows * config.ms / config.threads
-    if config.packing:
-        a_cost = a_cells * COPY4_INSTRUCTIONS
-    else:
-        a_cost = a_cells / 4 * COPY16_INSTRUCTIONS
+    per_cell = COPY4_INSTRUCTIONS if config.packing else COPY16_INSTRUCTIONS / 4
+    a_cost = a_cells * per_cell
     if config.landing:
         a_cost += a_cells / 4 * TRANSPOSE_CHUNK_INSTRUCTIONS
     b_cost = config.ws * config.ns / 4 / config.threads * COPY16_INSTRUCTIONS

@@ -4,7 +4,6 @@ here made to report the failures a GPU run can meet."""
 from __future__ import annotations
 
 import optuna
-import pytest
 
 from nmgen.config import ALayout
 from nmgen.db import TrialStatus, connect, trials_of
