@@ -291,7 +291,7 @@ class Tuner:
             for trial in asked:
                 trial.set_user_attr("worker", worker_id())
             configs = [suggest_config(t, task) for t in asked]
-            known = self._known(study, measurer.key)
+            known = self._known(measurer.key)
             fresh = {c.name: c for c in configs if c is not None and c.name not in known
                      and feasible(c, task.gpu) is None}
             measurer.prepare(list(fresh.values()))
@@ -321,7 +321,7 @@ class Tuner:
         status, value = known[config.name]
         return status, value, 0.0 if status in GOOD else 1.0
 
-    def _known(self, study: optuna.Study, key: ProblemKey) -> dict[str, tuple[str, float]]:
+    def _known(self, key: ProblemKey) -> dict[str, tuple[str, float]]:
         """Results this problem already has: the database's trials (any worker's)."""
         return {row.config_row.name: (row.status, row.time_ms if row.status in GOOD
                                       else INFEASIBLE_MS)

@@ -16,6 +16,7 @@ from ..dispatch import Dispatcher, problem_key
 from ..format import NMMatrix, Pattern
 from ..model import GPUS, estimate, gpu_spec
 from ..results import BenchRow
+from . import measure
 from .ceilings import Ceilings, measure_ceilings
 from .dense import Dense, dense_gemm
 from .launch import _cupy
@@ -42,15 +43,9 @@ def precompile(dispatcher: Dispatcher, patterns: Sequence[Pattern], vec: int,
 
 
 def random_weight(n: int, m: int, vec: int, depth: int, cols: int) -> NMMatrix:
-    """A random N:M weight in compressed form, its values drawn on the device (drawing
-    the 100 Llama shapes' values on the host takes minutes)."""
-    cp = _cupy()
+    """A fresh random N:M weight, its values drawn on the device."""
     rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
-    windows, groups = -(-depth // m), -(-cols // vec)
-    keep = np.sort(np.argsort(rng.random((windows, groups, m)), axis=-1)[..., :n], axis=-1)
-    indices = keep.transpose(0, 2, 1).reshape(windows * n, groups)
-    values = cp.random.standard_normal((windows * n, cols), dtype=cp.float32).get()
-    return NMMatrix.from_compressed(values, indices, (n, m), vec, (depth, cols))
+    return measure.random_weight(rng, n, m, vec, depth, cols, device_values=True)
 
 
 def dense_float64(b: NMMatrix):

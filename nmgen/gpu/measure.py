@@ -22,13 +22,18 @@ L2_BYTES = 50 * 2**20
 
 
 def random_weight(rng: np.random.Generator, n: int, m: int, vec: int, depth: int,
-                  cols: int) -> NMMatrix:
+                  cols: int, device_values: bool = False) -> NMMatrix:
     """A random N:M weight built in compressed form (pruning a large dense matrix on the
-    host costs seconds per tuned shape)."""
+    host costs seconds per tuned shape); ``device_values`` draws the values on the GPU
+    (drawing the 100 Llama shapes' values on the host takes minutes)."""
     windows, groups = -(-depth // m), -(-cols // vec)
     keep = np.sort(np.argsort(rng.random((windows, groups, m)), axis=-1)[..., :n], axis=-1)
     indices = keep.transpose(0, 2, 1).reshape(windows * n, groups)
-    values = rng.standard_normal((windows * n, cols), dtype=np.float32)
+    if device_values:
+        cp = _cupy()
+        values = cp.random.standard_normal((windows * n, cols), dtype=cp.float32).get()
+    else:
+        values = rng.standard_normal((windows * n, cols), dtype=np.float32)
     return NMMatrix.from_compressed(values, indices, (n, m), vec, (depth, cols))
 
 
