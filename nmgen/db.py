@@ -10,8 +10,10 @@ from __future__ import annotations
 import datetime
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from sqlalchemy import (
     JSON,
@@ -174,15 +176,25 @@ def connect(url: str | None = None) -> Engine:
         event.listen(engine, "connect", _sqlite_wal)
     else:
         engine = create_engine(url, pool_pre_ping=True)
-    for attempt in range(3):  # workers starting together race to create the tables
-        try:
-            Base.metadata.create_all(engine)
-            break
-        except (IntegrityError, OperationalError, ProgrammingError):
-            if attempt == 2:
-                raise
-            time.sleep(0.2)
+    # Workers starting together race to create the tables.
+    retry_on_race(lambda: Base.metadata.create_all(engine), attempts=3)
     return engine
+
+
+RACE_ERRORS = (IntegrityError, OperationalError, ProgrammingError)
+T = TypeVar("T")
+
+
+def retry_on_race(action: Callable[[], T], attempts: int,
+                  errors: tuple[type[Exception], ...] = RACE_ERRORS, delay_s: float = 0.2) -> T:
+    """``action()``, tried again where concurrent workers collided on creating the same
+    tables or unique rows (the loser sees one of ``errors``); the last failure is raised."""
+    for attempt in range(attempts - 1):
+        try:
+            return action()
+        except errors:
+            time.sleep(delay_s * (attempt + 1))
+    return action()
 
 
 def _sqlite_wal(dbapi_connection, _record) -> None:
@@ -222,23 +234,22 @@ def record_trial(engine: Engine, key: ProblemKey, config: KernelConfig, source_h
     """Store one result; returns the (status, time) the database holds for this
     configuration and problem: another worker's, where it was first."""
     flops = 2.0 * key.rows * key.cols * key.depth
-    for attempt in range(4):  # concurrent workers: a unique row created by another
-        try:
-            with Session(engine) as session, session.begin():
-                problem = problem_row(session, key)
-                cfg = config_row(session, config, source_hash)
-                held = session.execute(select(TrialRow.status, TrialRow.time_ms).where(
-                    TrialRow.problem_id == problem.id, TrialRow.config_id == cfg.id)).first()
-                if held is not None:
-                    return held.status, held.time_ms
-                session.add(TrialRow(problem_id=problem.id, config_id=cfg.id, status=status,
-                                     time_ms=time_ms, model_ms=model_ms, error=error,
-                                     tflops=flops / time_ms / 1e9 if time_ms else None))
-            return status, time_ms
-        except IntegrityError:
-            if attempt == 3:
-                raise
-    raise AssertionError("unreachable")
+
+    def insert() -> tuple[str, float | None]:
+        with Session(engine) as session, session.begin():
+            problem = problem_row(session, key)
+            cfg = config_row(session, config, source_hash)
+            held = session.execute(select(TrialRow.status, TrialRow.time_ms).where(
+                TrialRow.problem_id == problem.id, TrialRow.config_id == cfg.id)).first()
+            if held is not None:
+                return held.status, held.time_ms
+            session.add(TrialRow(problem_id=problem.id, config_id=cfg.id, status=status,
+                                 time_ms=time_ms, model_ms=model_ms, error=error,
+                                 tflops=flops / time_ms / 1e9 if time_ms else None))
+        return status, time_ms
+
+    # Another worker may insert the same unique row first: the retry then reads it.
+    return retry_on_race(insert, attempts=4, errors=(IntegrityError,), delay_s=0.0)
 
 
 def _problem_filter(key: ProblemKey):

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -32,7 +31,8 @@ from optuna.storages import (
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
-from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+from .db import retry_on_race
 
 JOURNAL_PREFIX = "journal:"
 # Seconds between heartbeats, and without one before a trial counts as dead (the tests
@@ -98,17 +98,15 @@ def open_storage(url: str, heartbeat_s: int = HEARTBEAT_S,
         return JournalStorage(JournalFileBackend(url[len(JOURNAL_PREFIX):]))
     if is_sqlite(url):  # one writer: no heartbeats needed
         return RDBStorage(url)
-    for attempt in range(5):  # fresh database: workers starting together race to make tables
-        try:
-            with _quiet():
-                retry = RetryHeartbeatStaleTrialCallback(MAX_RETRY)
-                return RDBStorage(url, heartbeat_interval=heartbeat_s, grace_period=grace_s,
-                                  heartbeat_stale_trial_callback=retry)
-        except (IntegrityError, OperationalError, ProgrammingError):
-            if attempt == 4:
-                raise
-            time.sleep(0.5 * (attempt + 1))
-    raise AssertionError("unreachable")
+    retry = RetryHeartbeatStaleTrialCallback(MAX_RETRY)
+
+    def rdb() -> RDBStorage:
+        with _quiet():
+            return RDBStorage(url, heartbeat_interval=heartbeat_s, grace_period=grace_s,
+                              heartbeat_stale_trial_callback=retry)
+
+    # Fresh database: workers starting together race to make the tables.
+    return retry_on_race(rdb, attempts=5, delay_s=0.5)
 
 
 def uses_heartbeats(storage: BaseStorage) -> bool:

@@ -11,6 +11,7 @@ correct trial, ties broken by name.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import time
@@ -149,7 +150,9 @@ def model_seeds(task: TuneTask, count: int) -> list[KernelConfig]:
 
 
 # ------------------------------------------------------------------ measuring
-Outcome = tuple[str, float, "str | None"]  # status, value told to Optuna, error text
+# A measurer's measure(config, model_ms) -> (status, value told to Optuna, error text);
+# model_ms is the analytic estimate, which the dry run reports as its measurement.
+Outcome = tuple[str, float, "str | None"]
 
 
 class GpuMeasurer:
@@ -159,19 +162,26 @@ class GpuMeasurer:
     def __init__(self, task: TuneTask, pool: Any):
         from .dispatch import template_hash
         from .gpu.launch import device_info
-        from .gpu.measure import ProblemBench
 
         info = device_info()
         self.key = task.key(info.name, info.cuda_version, template_hash())
+        self._task = task
         self._pool = pool
-        self._bench = ProblemBench(task.n, task.m, task.vec, task.a_layout, task.rows,
-                                   task.cols, task.depth)
         self._errors: dict[str, str] = {}
+
+    @functools.cached_property
+    def _bench(self):
+        """The problem's data on the device, made at the first measurement (a study that
+        other workers already filled needs none)."""
+        from .gpu.measure import ProblemBench
+
+        t = self._task
+        return ProblemBench(t.n, t.m, t.vec, t.a_layout, t.rows, t.cols, t.depth)
 
     def prepare(self, configs: list[KernelConfig]) -> None:
         self._errors = dict(e.split(": ", 1) for e in self._pool.compile(configs))
 
-    def measure(self, config: KernelConfig) -> Outcome:
+    def measure(self, config: KernelConfig, model_ms: float) -> Outcome:
         from .gpu.launch import Kernel
         from .gpu.measure import RTOL
 
@@ -195,14 +205,12 @@ class ModelMeasurer:
         from .dispatch import template_hash
 
         self.key = task.key(f"model:{task.gpu.name}", 0, template_hash())
-        self._task = task
 
     def prepare(self, configs: list[KernelConfig]) -> None:
         pass
 
-    def measure(self, config: KernelConfig) -> Outcome:
-        t = self._task
-        return TrialStatus.MODEL, estimate(config, t.gpu, t.rows, t.cols, t.depth).time_ms, None
+    def measure(self, config: KernelConfig, model_ms: float) -> Outcome:
+        return TrialStatus.MODEL, model_ms, None
 
 
 # ------------------------------------------------------------------ running
@@ -312,8 +320,8 @@ class Tuner:
         if config.name not in known:
             from .dispatch import template_hash
 
-            status, value, error = measurer.measure(config)
             model_ms = estimate(config, task.gpu, task.rows, task.cols, task.depth).time_ms
+            status, value, error = measurer.measure(config, model_ms)
             held, held_ms = record_trial(self.engine, measurer.key, config, template_hash(),
                                          status, value if status in GOOD else None, model_ms,
                                          error)

@@ -14,7 +14,7 @@ from nmgen.tuner import INFEASIBLE_MS, ModelMeasurer, Tuner, TuneTask
 class FailingMeasurer(ModelMeasurer):
     """Every configuration fails to compile, as a broken template would make it."""
 
-    def measure(self, config):
+    def measure(self, config, model_ms):
         return TrialStatus.COMPILE_ERROR, INFEASIBLE_MS, "nvrtc: error (test)"
 
 
