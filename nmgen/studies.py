@@ -98,10 +98,9 @@ def open_storage(url: str, heartbeat_s: int = HEARTBEAT_S,
         return JournalStorage(JournalFileBackend(url[len(JOURNAL_PREFIX):]))
     if is_sqlite(url):  # one writer: no heartbeats needed
         return RDBStorage(url)
-    retry = RetryHeartbeatStaleTrialCallback(MAX_RETRY)
-
     def rdb() -> RDBStorage:
         with _quiet():
+            retry = RetryHeartbeatStaleTrialCallback(MAX_RETRY)
             return RDBStorage(url, heartbeat_interval=heartbeat_s, grace_period=grace_s,
                               heartbeat_stale_trial_callback=retry)
 
