@@ -33,6 +33,11 @@ class BenchRow:
     rel_error: float  # against the float64 reference, output poisoned before the launch
     source: str  # dispatch's decision: exact, nearest or model
     config: str
+    # The core benchmark's hand-picked configuration of the pattern (space.core_config)
+    # on the same shape and data, checked and timed in the same run; None where the
+    # pattern has none or the run did not time it.
+    core_ms: float | None = None
+    core_config: str = ""
 
     @property
     def n(self) -> int:
@@ -78,11 +83,17 @@ class BenchRow:
         return self.dense_flops * self.n / self.m / nbytes
 
     @property
+    def vs_core(self) -> float | None:
+        """The hand-picked kernel's time over nmgen's (above 1: the tuned kernel is faster)."""
+        return None if self.core_ms is None else self.core_ms / self.nmgen_ms
+
+    @property
     def correct(self) -> bool:
         return self.rel_error < RTOL
 
 
-DERIVED = ("speedup", "ideal", "pct_ideal", "tflops_dense_eq", "tflops_executed", "intensity")
+DERIVED = ("speedup", "ideal", "pct_ideal", "tflops_dense_eq", "tflops_executed", "intensity",
+           "vs_core")
 FIELDS = tuple(f.name for f in dataclasses.fields(BenchRow))
 
 
@@ -91,13 +102,19 @@ def write_csv(rows: Sequence[BenchRow], path: Path) -> None:
         writer = csv.writer(f)
         writer.writerow(FIELDS + DERIVED)
         for r in rows:
-            writer.writerow([getattr(r, k) for k in FIELDS]
-                            + [f"{getattr(r, k):.6g}" for k in DERIVED])
+            writer.writerow(["" if (v := getattr(r, k)) is None else v for k in FIELDS]
+                            + [_figure(getattr(r, k)) for k in DERIVED])
+
+
+def _figure(value: float | None) -> str:
+    return "" if value is None else f"{value:.6g}"
 
 
 def read_csv(path: Path) -> list[BenchRow]:
+    """Rows written by ``write_csv`` (older files without the core columns too)."""
     types = {f.name: f.type for f in dataclasses.fields(BenchRow)}
-    cast = {"int": int, "float": float, "str": str}
+    cast = {"int": int, "float": float, "str": str,
+            "float | None": lambda v: float(v) if v else None}
     with path.open(newline="") as f:
         return [BenchRow(**{k: cast[types[k]](v) for k, v in rec.items() if k in types})
                 for rec in csv.DictReader(f)]
@@ -106,10 +123,12 @@ def read_csv(path: Path) -> list[BenchRow]:
 def shapes_table(rows: Sequence[BenchRow]) -> str:
     return markdown_table(
         ["pattern", "M", "N", "K", "nmgen ms", "SGEMM ms", "speedup", "% of ideal",
-         "TF32 ms", "BF16 ms", "TFLOP/s (dense-eq.)", "model ms", "dispatch", "rel. error"],
+         "TF32 ms", "BF16 ms", "TFLOP/s (dense-eq.)", "model ms", "dispatch", "rel. error",
+         "core ms"],
         [[r.pattern, r.M, r.N, r.K, f"{r.nmgen_ms:.4f}", f"{r.sgemm_ms:.4f}",
           f"{r.speedup:.2f}x", f"{r.pct_ideal:.0f}%", f"{r.tf32_ms:.4f}", f"{r.bf16_ms:.4f}",
-          f"{r.tflops_dense_eq:.1f}", f"{r.model_ms:.4f}", r.source, f"{r.rel_error:.1e}"]
+          f"{r.tflops_dense_eq:.1f}", f"{r.model_ms:.4f}", r.source, f"{r.rel_error:.1e}",
+          "–" if r.core_ms is None else f"{r.core_ms:.4f}"]
          for r in rows])
 
 
@@ -128,17 +147,39 @@ def summary(rows: Sequence[BenchRow]) -> list[dict]:
             "bf16_geomean": geomean([r.sgemm_ms / r.bf16_ms for r in sel]),
             "wrong": sum(not r.correct for r in sel),
             "exact": sum(r.source == "exact" for r in sel),
+            **_against_core(sel),
         })
     return out
+
+
+def _against_core(rows: Sequence[BenchRow]) -> dict:
+    """The tuned kernels against the hand-picked one, over the shapes where it was timed:
+    geometric mean and least of core time / nmgen time, and the shapes where nmgen was
+    slower (at all, and by more than 3 %)."""
+    ratios = [r.vs_core for r in rows if r.vs_core is not None]
+    if not ratios:
+        return {"core_shapes": 0}
+    return {"core_shapes": len(ratios), "vs_core_geomean": geomean(ratios),
+            "vs_core_min": min(ratios), "slower_than_core": sum(x < 1 for x in ratios),
+            "slower_than_core_3pct": sum(x < 1 / 1.03 for x in ratios)}
 
 
 def summary_table(rows: Sequence[BenchRow]) -> str:
     return markdown_table(
         ["pattern", "shapes", "geomean speedup", "min", "max", "geomean % of ideal",
-         "TF32 / SGEMM", "BF16 / SGEMM", "tuned (exact)", "wrong"],
+         "TF32 / SGEMM", "BF16 / SGEMM", "tuned (exact)", "wrong",
+         "core / nmgen (geomean, min)", "slower than core (>3 %)"],
         [[s["pattern"], s["shapes"], f"{s['geomean']:.2f}x", f"{s['min']:.2f}x",
           f"{s['max']:.2f}x", f"{s['pct_ideal']:.0f}%", f"{s['tf32_geomean']:.2f}x",
-          f"{s['bf16_geomean']:.2f}x", s["exact"], s["wrong"]] for s in summary(rows)])
+          f"{s['bf16_geomean']:.2f}x", s["exact"], s["wrong"], *_core_cells(s)]
+         for s in summary(rows)])
+
+
+def _core_cells(s: dict) -> list[str]:
+    if not s["core_shapes"]:
+        return ["not timed", "not timed"]
+    return [f"{s['vs_core_geomean']:.3f}, {s['vs_core_min']:.3f}",
+            f"{s['slower_than_core']} ({s['slower_than_core_3pct']}) of {s['core_shapes']}"]
 
 
 def write_all(rows: Sequence[BenchRow], out: Path, ceilings: dict | None = None,

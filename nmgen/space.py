@@ -24,6 +24,26 @@ STAGE_CHOICES = (1, 2, 3)
 SPLIT_K_CHOICES = (1, 2, 3, 4)
 
 
+# The core benchmark's best hand-picked configuration of each pattern and A layout (H100,
+# M = N = K = 4096, L = 32; results/core_h100/bench_core.json). All four patterns take a
+# 128x256 block of 16x8 thread tiles in 8x4 warps, unpacked; they differ in the KS
+# windows, the stages and the A tile. The tuner seeds every study with it, so a tuned
+# shape is never slower than the hand-picked kernel.
+CORE_TILE = {"ms": 128, "ns": 256, "mt": 16, "nt": 8, "warp_m": 8, "warp_n": 4,
+             "packing": False}
+CORE_BEST: dict[tuple[int, int, ALayout], tuple[int, int, ATile]] = {
+    # (n, m, A layout): (KS windows, stages, A tile)
+    (16, 32, ALayout.ROW_MAJOR): (2, 2, ATile.M_MAJOR),
+    (12, 32, ALayout.ROW_MAJOR): (2, 3, ATile.K_MAJOR),
+    (8, 32, ALayout.ROW_MAJOR): (4, 2, ATile.M_MAJOR),
+    (4, 32, ALayout.ROW_MAJOR): (4, 2, ATile.M_MAJOR),
+    (16, 32, ALayout.K_MAJOR): (2, 2, ATile.K_MAJOR),
+    (12, 32, ALayout.K_MAJOR): (2, 3, ATile.K_MAJOR),
+    (8, 32, ALayout.K_MAJOR): (4, 2, ATile.K_MAJOR),
+    (4, 32, ALayout.K_MAJOR): (4, 2, ATile.K_MAJOR),
+}
+
+
 @dataclass(frozen=True)
 class Problem:
     """What a configuration must fit: pattern, vector length, A layout, arch."""
@@ -33,6 +53,17 @@ class Problem:
     vec: int
     a_layout: ALayout = ALayout.ROW_MAJOR
     arch: Arch = Arch.SM90
+
+
+def core_config(problem: Problem) -> KernelConfig | None:
+    """The core benchmark's best hand-picked configuration for ``problem``'s pattern and A
+    layout; ``None`` for a pattern it did not cover or where the tile does not fit."""
+    best = CORE_BEST.get((problem.n, problem.m, problem.a_layout))
+    if best is None:
+        return None
+    windows, stages, a_tile = best
+    return try_config(problem, ks=problem.m * windows, stages=stages, a_tile=a_tile,
+                      **CORE_TILE)
 
 
 def ks_choices(m: int) -> list[int]:

@@ -11,17 +11,17 @@ import sys
 
 import pytest
 
-from nmgen.results import BenchRow, read_csv, shapes_table, summary, write_all
+from nmgen.results import FIELDS, BenchRow, read_csv, shapes_table, summary, write_all
 
 ROWS = [
     BenchRow("8:32", 32, 256, 2048, 2048, 0.010, 0.030, 0.012, 0.006, 0.009, 2e-7, "exact",
              "cfg_a"),
     BenchRow("8:32", 32, 4096, 8192, 4096, 1.000, 3.200, 0.900, 0.400, 0.950, 3e-7, "nearest",
-             "cfg_b"),
+             "cfg_b", 1.100, "cfg_core"),
     BenchRow("4:32", 32, 256, 2048, 2048, 0.008, 0.030, 0.012, 0.006, 0.007, 1e-6, "model",
              "cfg_c"),
     BenchRow("4:32", 32, 4096, 8192, 4096, 0.500, 3.200, 0.900, 0.400, 0.600, 0.5, "model",
-             "cfg_d"),  # a wrong result must be counted, not hidden
+             "cfg_d", 0.450, "cfg_core4"),  # a wrong result must be counted, not hidden
 ]
 CEILINGS = {"fp32_tflops": 60.5, "dram_gbs": 3000.0}
 
@@ -47,6 +47,26 @@ def test_summary_geomean_min_max_and_wrong():
     assert by["4:32"]["tf32_geomean"] == pytest.approx(math.sqrt(2.5 * 3.2 / 0.9))
 
 
+def test_summary_against_the_core_kernel():
+    """Only shapes where the hand-picked kernel was timed count; a slower tuned kernel is
+    counted, by any margin and beyond 3 %."""
+    by = {s["pattern"]: s for s in summary(ROWS)}
+    assert by["8:32"]["core_shapes"] == 1
+    assert by["8:32"]["vs_core_min"] == pytest.approx(1.1)
+    assert by["8:32"]["slower_than_core"] == 0
+    assert by["4:32"]["vs_core_geomean"] == pytest.approx(0.9)
+    assert by["4:32"]["slower_than_core"] == by["4:32"]["slower_than_core_3pct"] == 1
+    assert summary(ROWS[:1])[0]["core_shapes"] == 0
+
+
+def test_csv_without_core_columns_still_reads(tmp_path):
+    path = tmp_path / "old.csv"
+    fields = [f for f in FIELDS if not f.startswith("core")]
+    with path.open("w", newline="") as f:
+        csv.writer(f).writerows([fields, [getattr(ROWS[0], k) for k in fields]])
+    assert read_csv(path) == ROWS[:1]
+
+
 def test_csv_markdown_json_hold_the_numbers(tmp_path):
     paths = write_all(ROWS, tmp_path, CEILINGS, {"device": "NVIDIA H100 80GB HBM3"})
     assert all(p.exists() for p in paths)
@@ -58,6 +78,8 @@ def test_csv_markdown_json_hold_the_numbers(tmp_path):
     md = (tmp_path / "bench.md").read_text()
     assert "| 8:32 | 2 | 3.10x | 3.00x | 3.20x |" in md
     assert "| 4:32 | 4096 | 8192 | 4096 | 0.5000 | 3.2000 | 6.40x |" in md
+    assert "| 0.900, 0.900 | 1 (1) of 1 |" in md and "| not timed | not timed |" not in md
+    assert "| model | 5.0e-01 | 0.4500 |" in md and "| exact | 2.0e-07 | – |" in md
     record = json.loads((tmp_path / "bench.json").read_text())
     assert record["ceilings"] == CEILINGS and record["device"].startswith("NVIDIA H100")
     assert record["summary"][1]["wrong"] == 1
