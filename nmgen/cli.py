@@ -48,7 +48,7 @@ def _tune(args: argparse.Namespace) -> int:
     devices = _devices(args.devices)
     workers = max(len(devices), args.worker_count)
     db_url = args.db or default_url()
-    storage_url = args.storage or default_storage_url(db_url, workers)
+    storage_url = args.storage or default_storage_url(db_url)
     check_storage(storage_url, workers)
     if devices:
         return _supervise(args, devices, db_url, storage_url)

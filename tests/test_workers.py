@@ -18,7 +18,7 @@ from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.orm import Session
 
 from nmgen.db import ConfigRow, ProblemRow, TrialRow, connect
-from nmgen.studies import open_storage
+from nmgen.studies import default_storage_url, open_storage
 
 TRIALS = 10
 PATTERN, VEC = "2:4", "16"
@@ -218,3 +218,9 @@ def test_devices_worker_killed_the_other_finishes(tmp_path, shapes_file):
     assert f"(pid {pid}) exited with -9" in err
     by_worker = check_consistent(db, f"journal:{tmp_path / 'tuned.db'}.optuna-journal")
     assert sum(by_worker.values()) == TRIALS * len(SHAPES)
+
+
+def test_default_storage_is_a_journal_beside_sqlite_and_the_server_otherwise():
+    assert default_storage_url("sqlite:////x/tuned.db") == "journal:/x/tuned.db.optuna-journal"
+    url = "postgresql+psycopg://nmgen@127.0.0.1:54329/nmgen"
+    assert default_storage_url(url) == url
