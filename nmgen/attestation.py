@@ -14,7 +14,7 @@ RECORD = ROOT / "tests" / "gpu_attestation.json"
 # Modules that cannot change what runs on the GPU (host-side tooling only).
 HOST_ONLY = frozenset({"nmgen/cli.py", "nmgen/export.py", "nmgen/attestation.py",
                        "nmgen/space.py", "nmgen/report.py", "nmgen/studies.py",
-                       "nmgen/results.py", "nmgen/plots.py",
+                       "nmgen/results.py", "nmgen/plots.py", "nmgen/replay.py",
                        "nmgen/workers.py"})
 
 

@@ -1,0 +1,146 @@
+"""The model-seeded search against an exhaustive one (issue 3), in two steps.
+
+measure (GPU): every configuration of the tuner's space (``nmgen.replay.search_space``)
+    on each sample shape: compiled, checked against float64 once (NaN-poisoned output),
+    timed with CUDA events. One JSON line a (shape, configuration); a slice ``i/n`` lets n
+    processes share the space (one a GPU), and a re-run skips what a file already holds.
+
+    CUDA_VISIBLE_DEVICES=$i python tools/exhaustive.py measure --slice $i/8 \\
+        --pattern 8:32 --layout km --shapes "256 4096 4096;1024 4096 11008;4096 4096 4096" \\
+        --out results/exhaustive_h100
+
+replay (CPU): the real tuner, seeded by the model, replayed on those numbers
+    (``nmgen.replay``) for several trial budgets and seeds; prints and writes how far its
+    winner is from the exhaustive best and what share of the space it tried.
+
+    python tools/exhaustive.py replay --pattern 8:32 --layout km --gpu h100 \\
+        --trials 16,32,64,128 --seeds 0-4 --out results/exhaustive_h100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from nmgen.config import ALayout  # noqa: E402
+from nmgen.db import TrialStatus  # noqa: E402
+from nmgen.format import Pattern  # noqa: E402
+from nmgen.model import gpu_spec  # noqa: E402
+from nmgen.replay import read_tables, replay, search_space  # noqa: E402
+from nmgen.report import markdown_table  # noqa: E402
+from nmgen.tuner import TuneTask  # noqa: E402
+
+Shape = tuple[int, int, int]
+
+
+def parse_shapes(text: str) -> list[Shape]:
+    return [tuple(int(x) for x in part.split()) for part in text.split(";") if part.strip()]
+
+
+def tasks_of(args: argparse.Namespace) -> list[TuneTask]:
+    p = Pattern.parse(args.pattern)
+    return [TuneTask(gpu_spec(args.gpu), p.n, p.m, args.vec, ALayout(args.layout), *shape)
+            for shape in parse_shapes(args.shapes)]
+
+
+def measure(args: argparse.Namespace) -> None:
+    from nmgen.gpu.launch import Kernel
+    from nmgen.gpu.measure import RTOL, ProblemBench
+    from nmgen.gpu.timing import CompilePool
+
+    index, count = (int(x) for x in args.slice.split("/"))
+    tasks = tasks_of(args)
+    space = search_space(tasks[0])[index::count]
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{args.pattern.replace(':', '_')}_{args.layout}_slice{index}of{count}.jsonl"
+    done = {(tuple(r["shape"]), r["config"]) for r in map(json.loads, path.read_text().splitlines())
+            } if path.exists() else set()
+    start = time.monotonic()
+    log(f"slice {index}/{count}: {len(space)} configurations x {len(tasks)} shapes, "
+        f"{len(done)} already measured")
+    with CompilePool(args.workers) as pool:
+        errors = dict(e.split(": ", 1) for e in pool.compile(space))
+    log(f"compiled in {time.monotonic() - start:.0f} s ({len(errors)} failed)")
+    with path.open("a") as out:
+        for task in tasks:
+            shape = (task.rows, task.cols, task.depth)
+            bench = ProblemBench(task.n, task.m, task.vec, task.a_layout, *shape)
+            for i, config in enumerate(space, 1):
+                if (shape, config.name) in done:
+                    continue
+                status, ms, error = _one(config, bench, errors, Kernel, RTOL, args.repeat)
+                out.write(json.dumps({"shape": shape, "config": config.name, "status": status,
+                                      "ms": ms, "error": error}) + "\n")
+                for key in [k for k in bench.weight._prepared if k[0] == "plan"]:
+                    del bench.weight._prepared[key]  # drops the module with the kernel
+                if i % 500 == 0:
+                    out.flush()
+                    log(f"{shape}: {i}/{len(space)} ({time.monotonic() - start:.0f} s)")
+    log(f"done in {time.monotonic() - start:.0f} s: {path}")
+
+
+def _one(config, bench, errors, kernel_type, rtol, repeat):
+    if config.name in errors:
+        return TrialStatus.COMPILE_ERROR, None, errors[config.name][:300]
+    try:
+        kernel = kernel_type(config)
+        err = bench.error(kernel)
+        if not err < rtol:
+            return TrialStatus.WRONG, None, f"relative error {err:.3g}"
+        return TrialStatus.OK, bench.time_ms(kernel, warmup=1, repeat=repeat), None
+    except Exception as exc:  # a launch failure is a recorded result, not a crash
+        return TrialStatus.LAUNCH_ERROR, None, f"{type(exc).__name__}: {exc}"[:300]
+
+
+def replay_runs(args: argparse.Namespace) -> None:
+    tables = read_tables(sorted(args.out.glob(
+        f"{args.pattern.replace(':', '_')}_{args.layout}_slice*.jsonl")))
+    seeds = range(int(args.seeds.split("-")[0]), int(args.seeds.split("-")[-1]) + 1)
+    rows, record = [], []
+    for trials in (int(t) for t in args.trials.split(",")):
+        results = list(replay(tasks_of(args), tables, trials, seeds, device=args.gpu))
+        for shape in dict.fromkeys(r.shape for r in results):
+            sel = [r for r in results if r.shape == shape]
+            gaps = [100 * r.gap for r in sel]
+            rows.append([f"{shape[0]}x{shape[1]}x{shape[2]}", trials, sel[0].space,
+                         f"{100 * sel[0].trial_share:.2f} %", f"{statistics.median(gaps):.2f} %",
+                         f"{max(gaps):.2f} %", f"{sel[0].exhaustive_ms:.4f}"])
+            record += [{**vars(r), "gap": r.gap} for r in sel]
+    table = markdown_table(["shape", "trials", "space", "share of space",
+                            "gap to exhaustive (median)", "worst", "exhaustive best ms"], rows)
+    print(table)
+    stem = f"replay_{args.pattern.replace(':', '_')}_{args.layout}"
+    (args.out / f"{stem}.md").write_text(table)
+    (args.out / f"{stem}.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("step", choices=("measure", "replay"))
+    parser.add_argument("--gpu", default="h100")
+    parser.add_argument("--pattern", default="8:32")
+    parser.add_argument("--vec", type=int, default=32)
+    parser.add_argument("--layout", choices=("rm", "km"), default="km")
+    parser.add_argument("--shapes", default="256 4096 4096;1024 4096 11008;4096 4096 4096")
+    parser.add_argument("--out", type=Path, default=Path("results/exhaustive_h100"))
+    parser.add_argument("--slice", default="0/1", help="i/n: this process's share")
+    parser.add_argument("--workers", type=int, default=16, help="compile processes")
+    parser.add_argument("--repeat", type=int, default=5, help="timed launches (median)")
+    parser.add_argument("--trials", default="16,32,64,128", help="replay: trial budgets")
+    parser.add_argument("--seeds", default="0-4", help="replay: sampler seeds, a-b")
+    args = parser.parse_args()
+    (measure if args.step == "measure" else replay_runs)(args)
+
+
+if __name__ == "__main__":
+    main()
