@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--time-budget", type=float, default=math.inf, help="seconds in all")
     tune.add_argument("--db", help="SQLAlchemy URL of the tuned database")
     tune.add_argument("--storage", help="Optuna storage: an SQLAlchemy URL or journal:PATH "
-                      "(default: the --db URL; a journal file for several workers)")
+                      "(default: a journal file beside a SQLite --db, else the --db URL)")
     tune.add_argument("--dry-run", action="store_true",
                       help="search with the model as the measure (recorded as status "
                       "'model') and compile the top configurations; no GPU")
