@@ -3,8 +3,9 @@ process per GPU of this host, all filling the same studies through a shared stor
 
 Worker ``i`` of ``w`` starts at problem ``i·len/w`` and walks round the list, so the
 workers start on different shapes and then help wherever a study is still short of
-trials. A worker leaves when every study has its trials; while others still run the
-last ones it waits, failing stale trials (a dead worker's) so that they are redone.
+trials; under a time budget, a first pass gives every study one batch before any gets
+more. A worker leaves when every study has its trials; while others still run the last
+ones it waits, failing stale trials (a dead worker's) so that they are redone.
 """
 
 from __future__ import annotations
@@ -40,6 +41,21 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
     first = index * len(tasks) // max(count, 1)
     order = list(tasks[first:]) + list(tasks[:first])
     worked: set[str] = set()
+
+    def tune(task: TuneTask, budget_s: float, progress: str) -> None:
+        log(f"[{tasks.index(task) + 1}/{len(tasks)}] {tuner.study_name(task)} "
+            f"({progress}, {time.monotonic() - start:.0f} s)")
+        tuner.tune(task, time_budget_s=budget_s)
+        worked.add(task.study_name)
+
+    if math.isfinite(time_budget_s):
+        # First pass: every study gets its first batch (its seeds) before any gets a
+        # second, so that a tight budget tunes every shape a little, not some shapes well.
+        for i, task in enumerate(order):
+            if time.monotonic() - start >= time_budget_s:
+                break
+            if sum(tuner.open_work(task)) == 0:  # untouched, here or by another worker
+                tune(task, 0.0, f"first pass {i + 1}/{len(order)}")
     while True:
         open_tasks = [t for t in order if sum(tuner.open_work(t)) < tuner.trials]
         for i, task in enumerate(open_tasks, 1):
@@ -49,10 +65,7 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
             if sum(tuner.open_work(task)) >= tuner.trials:  # filled by others meanwhile
                 continue
             done = len(tasks) - len(open_tasks) + i - 1
-            log(f"[{tasks.index(task) + 1}/{len(tasks)}] {tuner.study_name(task)} "
-                f"({done} of {len(tasks)} done or taken, {time.monotonic() - start:.0f} s)")
-            tuner.tune(task, time_budget_s=left / (len(open_tasks) - i + 1))
-            worked.add(task.study_name)
+            tune(task, left / (len(open_tasks) - i + 1), f"{done} of {len(tasks)} done or taken")
         unfinished = [t for t in order if tuner.open_work(t)[0] < tuner.trials]
         out_of_time = time.monotonic() - start >= time_budget_s
         if not unfinished or out_of_time:

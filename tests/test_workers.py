@@ -224,3 +224,25 @@ def test_default_storage_is_a_journal_beside_sqlite_and_the_server_otherwise():
     assert default_storage_url("sqlite:////x/tuned.db") == "journal:/x/tuned.db.optuna-journal"
     url = "postgresql+psycopg://nmgen@127.0.0.1:54329/nmgen"
     assert default_storage_url(url) == url
+
+
+def test_under_a_budget_every_study_gets_its_first_batch_before_any_its_second(tmp_path):
+    from nmgen.config import ALayout
+    from nmgen.model import gpu_spec
+    from nmgen.tuner import Tuner, TuneTask
+    from nmgen.workers import run_worker
+
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    storage = open_storage(f"journal:{tmp_path / 'studies.journal'}")
+    tuner = Tuner(connect(url), storage, trials=16, batch=8, dry_run=True, log=lambda s: None)
+    tasks = [TuneTask(gpu_spec("h100"), 2, 4, 16, ALayout.ROW_MAJOR, m, 256, 512)
+             for m in (32, 64, 128, 256)]
+    report = run_worker(tuner, tasks, time_budget_s=600.0, log=lambda s: None)
+    assert report.complete == len(tasks)
+    starts = {}
+    for task in tasks:
+        study = optuna.load_study(study_name=tuner.study_name(task), storage=storage)
+        trials = sorted(study.trials, key=lambda t: t.number)
+        assert len(trials) == 16
+        starts[task.rows] = (trials[0].datetime_start, trials[8].datetime_start)
+    assert max(first for first, _ in starts.values()) < min(second for _, second in starts.values())
