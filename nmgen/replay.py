@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import KernelConfig
-from .db import GOOD, TrialStatus, best_per_problem, connect
+from .db import GOOD, TrialStatus, connect
 from .model import feasible
 from .space import MS_CHOICES, MT_CHOICES, NS_CHOICES, NT_CHOICES, STAGE_CHOICES, WARP_LAYOUTS
 from .studies import open_storage
@@ -149,8 +149,6 @@ def replay(tasks: Iterable[TuneTask], tables: dict[Shape, Table], trials: int,
             tuner = ReplayTuner(connect(url), storage, trials=trials, seed=seed,
                                 tables=tables, device=device, log=lambda s: None)
             report = tuner.tune(task)
-            winner = best_per_problem(tuner.engine, tuner.measurer(task).key)[shape]
         best_name, best_ms = exhaustive_best(tables[shape])
-        yield ReplayResult(shape, seed, report.trials, len(tables[shape]), winner.time_ms,
-                           best_ms,
-                           winner.config.name, best_name)
+        yield ReplayResult(shape, seed, report.trials, len(tables[shape]), report.winner.time_ms,
+                           best_ms, report.winner.config.name, best_name)

@@ -76,9 +76,9 @@ def is_sqlite(url: str) -> bool:
 
 
 def default_storage_url(db_url: str) -> str:
-    """A journal file beside a SQLite database (safe for the workers of one host, and for
-    one worker about 2.5x less storage time than Optuna's RDB storage on SQLite, which
-    commits every parameter); the database server itself when there is one."""
+    """A journal file beside a SQLite database (safe for the workers of one host; for one
+    worker faster than Optuna's RDB storage on SQLite, which commits every parameter:
+    results/storage_dryrun); the database server itself when there is one."""
     if is_sqlite(db_url):
         path = db_url.split("///", 1)[1] if "///" in db_url else "nmgen-optuna"
         return f"{JOURNAL_PREFIX}{path}.optuna-journal"

@@ -38,6 +38,21 @@ def per_call_us(fn, calls: int, repeats: int = 15) -> float:
     return statistics.median(samples)
 
 
+def tiny_problem():
+    """A 1x64x64 2:4 problem and a dispatcher on an empty database whose first, uncached
+    call (decide, compile, prepare) is made: (dispatcher, a, b, out, config)."""
+    import cupy as cp
+
+    rng = np.random.default_rng()
+    b = nmgen.prune(rng.standard_normal((64, 64)), "2:4", 16)
+    a = cp.asarray(rng.standard_normal((1, 64), dtype=np.float32))
+    out = cp.empty((1, 64), cp.float32)
+    dispatcher = Dispatcher([f"sqlite:///{Path('/tmp/nmgen_overhead_empty.db')}"])
+    dispatcher(a, b, out=out)
+    config = dispatcher.decide(dispatcher.key_for((1, 64), nmgen.ALayout.ROW_MAJOR, b)).config
+    return dispatcher, a, b, out, config
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200, help="per burst (< queue depth)")
@@ -46,13 +61,7 @@ def main() -> None:
     import cupy as cp
     import torch
 
-    rng = np.random.default_rng()
-    b = nmgen.prune(rng.standard_normal((64, 64)), "2:4", 16)
-    a = cp.asarray(rng.standard_normal((1, 64), dtype=np.float32))
-    out = cp.empty((1, 64), cp.float32)
-    dispatcher = Dispatcher([f"sqlite:///{Path('/tmp/nmgen_overhead_empty.db')}"])
-    dispatcher(a, b, out=out)  # decide, compile, prepare: the uncached path
-    config = dispatcher.decide(dispatcher.key_for((1, 64), nmgen.ALayout.ROW_MAJOR, b)).config
+    dispatcher, a, b, out, config = tiny_problem()
     kernel = nmgen.Kernel(config)
     kernel(a, b, out=out)
     noop = cp.RawKernel(r'extern "C" __global__ void noop(float* x) {}', "noop")

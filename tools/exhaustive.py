@@ -1,9 +1,9 @@
 """The model-seeded search against an exhaustive one (issue 3), in two steps.
 
 measure (GPU): every configuration of the tuner's space (``nmgen.replay.search_space``)
-    on each sample shape: compiled, checked against float64 once (NaN-poisoned output),
-    timed with CUDA events. One JSON line a (shape, configuration); a slice ``i/n`` lets n
-    processes share the space (one a GPU), and a re-run skips what a file already holds.
+    on each sample shape, measured as the tuner measures (``GpuMeasurer``). One JSON
+    line a (shape, configuration); a slice ``i/n`` lets n processes share the space (one
+    a GPU), and a re-run skips what a file already holds.
 
     CUDA_VISIBLE_DEVICES=$i python tools/exhaustive.py measure --slice $i/8 \\
         --pattern 8:32 --layout km --shapes "256 4096 4096;1024 4096 11008;4096 4096 4096" \\
@@ -29,7 +29,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nmgen.config import ALayout  # noqa: E402
-from nmgen.db import TrialStatus  # noqa: E402
 from nmgen.format import Pattern  # noqa: E402
 from nmgen.model import gpu_spec  # noqa: E402
 from nmgen.replay import read_tables, replay, search_space  # noqa: E402
@@ -50,52 +49,40 @@ def tasks_of(args: argparse.Namespace) -> list[TuneTask]:
 
 
 def measure(args: argparse.Namespace) -> None:
-    from nmgen.gpu.launch import Kernel
-    from nmgen.gpu.measure import RTOL, ProblemBench
+    """The tuner's own measurement (``GpuMeasurer``: compile in the pool, check against
+    float64 once, time with CUDA events) of every configuration of the slice."""
     from nmgen.gpu.timing import CompilePool
+    from nmgen.tuner import INFEASIBLE_MS, GpuMeasurer
 
     index, count = (int(x) for x in args.slice.split("/"))
     tasks = tasks_of(args)
     space = search_space(tasks[0])[index::count]
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{args.pattern.replace(':', '_')}_{args.layout}_slice{index}of{count}.jsonl"
-    done = {(tuple(r["shape"]), r["config"]) for r in map(json.loads, path.read_text().splitlines())
-            } if path.exists() else set()
+    lines = path.read_text().splitlines() if path.exists() else []
+    done = {(tuple(r["shape"]), r["config"]) for r in map(json.loads, lines)}
     start = time.monotonic()
     log(f"slice {index}/{count}: {len(space)} configurations x {len(tasks)} shapes, "
         f"{len(done)} already measured")
-    with CompilePool(args.workers) as pool:
-        errors = dict(e.split(": ", 1) for e in pool.compile(space))
-    log(f"compiled in {time.monotonic() - start:.0f} s ({len(errors)} failed)")
-    with path.open("a") as out:
+    with CompilePool(args.workers) as pool, path.open("a") as out:
         for task in tasks:
             shape = (task.rows, task.cols, task.depth)
-            bench = ProblemBench(task.n, task.m, task.vec, task.a_layout, *shape)
+            measurer = GpuMeasurer(task, pool)
+            measurer.prepare(space)  # compiled once: the kernel cache serves later shapes
             for i, config in enumerate(space, 1):
                 if (shape, config.name) in done:
                     continue
-                status, ms, error = _one(config, bench, errors, Kernel, RTOL, args.repeat)
+                status, value, error = measurer.measure(config, 0.0)
                 out.write(json.dumps({"shape": shape, "config": config.name, "status": status,
-                                      "ms": ms, "error": error}) + "\n")
-                for key in [k for k in bench.weight._prepared if k[0] == "plan"]:
-                    del bench.weight._prepared[key]  # drops the module with the kernel
+                                      "ms": None if value == INFEASIBLE_MS else value,
+                                      "error": error}) + "\n")
+                weight = measurer._bench.weight  # drop the plan, and with it the module
+                for key in [k for k in weight._prepared if k[0] == "plan"]:
+                    del weight._prepared[key]
                 if i % 500 == 0:
                     out.flush()
                     log(f"{shape}: {i}/{len(space)} ({time.monotonic() - start:.0f} s)")
     log(f"done in {time.monotonic() - start:.0f} s: {path}")
-
-
-def _one(config, bench, errors, kernel_type, rtol, repeat):
-    if config.name in errors:
-        return TrialStatus.COMPILE_ERROR, None, errors[config.name][:300]
-    try:
-        kernel = kernel_type(config)
-        err = bench.error(kernel)
-        if not err < rtol:
-            return TrialStatus.WRONG, None, f"relative error {err:.3g}"
-        return TrialStatus.OK, bench.time_ms(kernel, warmup=1, repeat=repeat), None
-    except Exception as exc:  # a launch failure is a recorded result, not a crash
-        return TrialStatus.LAUNCH_ERROR, None, f"{type(exc).__name__}: {exc}"[:300]
 
 
 def replay_runs(args: argparse.Namespace) -> None:
@@ -135,7 +122,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("results/exhaustive_h100"))
     parser.add_argument("--slice", default="0/1", help="i/n: this process's share")
     parser.add_argument("--workers", type=int, default=16, help="compile processes")
-    parser.add_argument("--repeat", type=int, default=5, help="timed launches (median)")
     parser.add_argument("--trials", default="16,32,64,128", help="replay: trial budgets")
     parser.add_argument("--seeds", default="0-4", help="replay: sampler seeds, a-b")
     args = parser.parse_args()

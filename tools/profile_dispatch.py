@@ -8,44 +8,21 @@ from __future__ import annotations
 
 import cProfile
 import pstats
-import statistics
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import nmgen  # noqa: E402
-from nmgen.dispatch import Dispatcher  # noqa: E402
+from bench_dispatch_overhead import per_call_us, tiny_problem  # noqa: E402
+
 from nmgen.gpu import launch  # noqa: E402
-
-
-def us(fn, calls: int = 200, repeats: int = 25) -> float:
-    import cupy as cp
-
-    samples = []
-    for _ in range(repeats):
-        cp.cuda.Device().synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - start) / calls * 1e6)
-    cp.cuda.Device().synchronize()
-    return statistics.median(samples)
 
 
 def main() -> None:
     import cupy as cp
 
-    rng = np.random.default_rng()
-    b = nmgen.prune(rng.standard_normal((64, 64)), "2:4", 16)
-    a = cp.asarray(rng.standard_normal((1, 64), dtype=np.float32))
-    out = cp.empty((1, 64), cp.float32)
-    dispatcher = Dispatcher([f"sqlite:///{Path('/tmp/nmgen_profile_empty.db')}"])
-    dispatcher(a, b, out=out)
-    config = dispatcher.decide(dispatcher.key_for((1, 64), nmgen.ALayout.ROW_MAJOR, b)).config
+    dispatcher, a, b, out, config = tiny_problem()
     kernel = dispatcher.kernel(config)
     a_op = launch.operand(a, "a")
     plan = next(v for k, v in b._prepared.items() if isinstance(k, tuple) and k[0] == "plan")
@@ -64,7 +41,7 @@ def main() -> None:
         "a.data.ptr": lambda: a.data.ptr,
     }
     for name, fn in steps.items():
-        print(f"{name:22s} {us(fn):7.2f} us")
+        print(f"{name:22s} {per_call_us(fn, 200, repeats=25):7.2f} us")
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(20000):
