@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import asdict, dataclass, fields
@@ -251,7 +252,7 @@ class KernelConfig:
         ]
 
     # ----------------------------------------------------------------- naming
-    @property
+    @functools.cached_property  # the search sorts thousands by name, again for every shape
     def name(self) -> str:
         """Canonical name stating every parameter, CUTLASS style.
 

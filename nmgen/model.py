@@ -9,6 +9,7 @@ model's estimate beside it, so that its error stays visible.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -202,24 +203,45 @@ def block_intensity(config: KernelConfig) -> float:
     return flops / moved
 
 
+@dataclass(frozen=True)
+class _Fixed:
+    """What the estimate needs of a configuration on a GPU that no shape changes."""
+
+    infeasible: str | None
+    per_sm: int
+    efficiency: float  # issue efficiency x occupancy x stalls
+    issue_efficiency: float
+    a_rows_fraction: float
+    intensity: float
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _fixed(config: KernelConfig, gpu: GpuSpec) -> _Fixed:
+    """Cached: a search ranks the same few thousand configurations for every shape."""
+    per_sm = max(blocks_per_sm(config, gpu), 1)
+    # Latency hiding: fewer than 8 resident warps cannot keep the FP32 pipes busy; 8 with
+    # a 16x8 thread tile's ILP do as well as more (core benchmark).
+    warps = per_sm * config.threads / 32
+    occupancy_eff = min(1.0, 0.75 + warps / 32)
+    issue = issue_efficiency(config)
+    return _Fixed(feasible(config, gpu), per_sm, issue * occupancy_eff * STALL_FACTOR, issue,
+                  _a_rows_fraction(config), block_intensity(config))
+
+
 def estimate(config: KernelConfig, gpu: GpuSpec, m_rows: int, n_cols: int, k: int
              ) -> Estimate:
     """Roofline time of ``config`` on an ``m_rows×k · k×n_cols`` problem."""
+    fixed = _fixed(config, gpu)
     row_blocks, col_blocks = math.ceil(m_rows / config.ms), math.ceil(n_cols / config.ns)
     blocks = row_blocks * col_blocks * config.split_k
-    per_sm = max(blocks_per_sm(config, gpu), 1)
+    per_sm = fixed.per_sm
     waves = blocks / (gpu.sms * per_sm)
     wave_eff = waves / math.ceil(waves)
     k_pad = math.ceil(k / config.ks) * config.ks
     w_rows = k_pad * config.n // config.m
     flops = 2.0 * row_blocks * config.ms * col_blocks * config.ns * w_rows
-    # Latency hiding: fewer than 8 resident warps cannot keep the FP32 pipes busy; 8 with
-    # a 16x8 thread tile's ILP do as well as more (core benchmark).
-    warps = per_sm * config.threads / 32
-    occupancy_eff = min(1.0, 0.75 + warps / 32)
-    eff = issue_efficiency(config) * occupancy_eff * STALL_FACTOR
-    compute_ms = flops / (gpu.peak_fp32_tflops * 1e12 * eff) * 1e3
-    a_bytes = 4.0 * m_rows * k_pad * _a_rows_fraction(config)
+    compute_ms = flops / (gpu.peak_fp32_tflops * 1e12 * fixed.efficiency) * 1e3
+    a_bytes = 4.0 * m_rows * k_pad * fixed.a_rows_fraction
     b_bytes = 4.0 * w_rows * col_blocks * config.ns
     c_bytes = 4.0 * m_rows * n_cols * (1 if config.split_k == 1 else 2 * config.split_k + 1)
     compulsory = a_bytes + b_bytes + c_bytes
@@ -230,15 +252,15 @@ def estimate(config: KernelConfig, gpu: GpuSpec, m_rows: int, n_cols: int, k: in
     stages = k_pad / config.ks / config.split_k
     overhead_ms = math.ceil(waves) * stages * STAGE_OVERHEAD_CYCLES / (CLOCK_GHZ * 1e6)
     time_ms = max(compute_ms, memory_ms) / wave_eff + overhead_ms
-    return Estimate(time_ms, compute_ms, memory_ms, block_intensity(config), blocks, per_sm,
-                    wave_eff, issue_efficiency(config))
+    return Estimate(time_ms, compute_ms, memory_ms, fixed.intensity, blocks, per_sm,
+                    wave_eff, fixed.issue_efficiency)
 
 
 def rank(configs: list[KernelConfig], gpu: GpuSpec, m_rows: int, n_cols: int, k: int
          ) -> list[tuple[float, KernelConfig]]:
     """Feasible configurations by predicted time (ties by name: deterministic)."""
     scored = [(estimate(c, gpu, m_rows, n_cols, k).time_ms, c) for c in configs
-              if feasible(c, gpu) is None]
+              if _fixed(c, gpu).infeasible is None]
     return sorted(scored, key=lambda pair: (pair[0], pair[1].name))
 
 
