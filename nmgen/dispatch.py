@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import math
 import threading
 import warnings
 from collections import Counter
@@ -24,6 +23,7 @@ from .db import ProblemKey, best_per_problem, connect, shipped_db
 from .format import NMMatrix
 from .gpu.launch import Kernel, device_info, operand
 from .model import GPUS, default_layout_tile, gpu_of_device_name, gpu_spec, rank
+from .shapes import shape_distance
 from .space import Problem, enumerate_configs
 
 
@@ -82,7 +82,7 @@ class Dispatcher:
             if shape in winners:
                 return Decision(winners[shape].config, "exact")
             if winners:
-                nearest = min(winners.values(), key=lambda w: (_distance(w.shape, shape),
+                nearest = min(winners.values(), key=lambda w: (shape_distance(w.shape, shape),
                                                                w.config.name))
                 return Decision(nearest.config, "nearest")
         return Decision(model_choice(key), "model")
@@ -131,10 +131,6 @@ def problem_key(n: int, m: int, vec: int, a_layout: ALayout, rows: int, cols: in
                       cuda_version=info.cuda_version, sms=info.sms,
                       template_hash=template_hash(), n=n, m=m, vec=vec, dtype="f32",
                       a_layout=a_layout.value, rows=rows, cols=cols, depth=depth)
-
-
-def _distance(s1: tuple[int, int, int], s2: tuple[int, int, int]) -> float:
-    return sum(abs(math.log(max(x, 1) / max(y, 1))) for x, y in zip(s1, s2, strict=True))
 
 
 def model_choice(key: ProblemKey) -> KernelConfig:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+
+Shape = tuple[int, int, int]
 
 
 class ShapeFileError(ValueError):
@@ -28,3 +31,8 @@ def read_shapes(path: str | Path) -> list[tuple[int, int, int]]:
     if not shapes:
         raise ShapeFileError(f"{path}: no shapes")
     return shapes
+
+
+def shape_distance(s1: Shape, s2: Shape) -> float:
+    """How far apart two problems are for a kernel's choice: summed |log| ratios of M, N, K."""
+    return sum(abs(math.log(max(x, 1) / max(y, 1))) for x, y in zip(s1, s2, strict=True))

@@ -25,6 +25,7 @@ from sqlalchemy.engine import Engine
 from .config import ALayout, ATile, KernelConfig
 from .db import GOOD, ProblemKey, TrialStatus, Winner, best_per_problem, record_trial, trials_of
 from .model import GpuSpec, estimate, feasible, rank
+from .shapes import shape_distance
 from .space import (
     MS_CHOICES,
     MT_CHOICES,
@@ -33,6 +34,7 @@ from .space import (
     STAGE_CHOICES,
     WARP_LAYOUTS,
     Problem,
+    core_config,
     enumerate_configs,
     try_config,
 )
@@ -41,7 +43,7 @@ KS_WINDOW_CHOICES = (1, 2, 4, 8)
 SPLIT_K_CHOICES = (1, 2, 4)
 INFEASIBLE_MS = 1e9  # value told to Optuna for a violated constraint
 SEEDS_FROM_MODEL = 6
-SEEDS_FROM_TUNED = 4
+SEEDS_FROM_TUNED = 3
 
 
 @dataclass(frozen=True)
@@ -364,13 +366,23 @@ class Tuner:
         study = optuna.create_study(study_name=self.study_name(task), storage=self.storage,
                                     sampler=sampler, direction="minimize",
                                     load_if_exists=True)
-        tuned = [w.config for s, w in sorted(best_per_problem(self.engine, key).items())
-                 if s != (task.rows, task.cols, task.depth)]
-        neighbours = sorted(tuned, key=lambda c: c.name)[:SEEDS_FROM_TUNED]
-        for config in model_seeds(task, SEEDS_FROM_MODEL) + neighbours:
-            if in_space(config):
-                study.enqueue_trial(params_of(config), skip_if_exists=True)
+        for config in self.seeds(task, key):
+            study.enqueue_trial(params_of(config), skip_if_exists=True)
         return study
+
+    def seeds(self, task: TuneTask, key: ProblemKey) -> list[KernelConfig]:
+        """What a study tries first, in this order: the core benchmark's hand-picked
+        configuration (so no tuned shape is slower than it), the winners of the nearest
+        shapes already tuned, then the model's best guesses."""
+        shape = (task.rows, task.cols, task.depth)
+        status = TrialStatus.MODEL if self.dry_run else TrialStatus.OK
+        nearest = sorted(((s, w) for s, w in best_per_problem(self.engine, key, status).items()
+                          if s != shape),
+                         key=lambda sw: (shape_distance(sw[0], shape), sw[1].config.name))
+        neighbours = list(dict.fromkeys(w.config for _, w in nearest))[:SEEDS_FROM_TUNED]
+        core = core_config(task.problem)
+        seeds = ([core] if core else []) + neighbours + model_seeds(task, SEEDS_FROM_MODEL)
+        return [c for c in dict.fromkeys(seeds) if in_space(c)]
 
     @staticmethod
     def _planned(study: optuna.Study) -> int:

@@ -46,6 +46,9 @@ def test_small_bench_run(tmp_path):
     assert [(r["pattern"], r["M"]) for r in rows] == [("8:32", "33"), ("8:32", "256"),
                                                       ("4:32", "33"), ("4:32", "256")]
     assert all(float(r["rel_error"]) < 1e-5 and float(r["nmgen_ms"]) > 0 for r in rows)
+    # The core benchmark's hand-picked kernel is checked and timed on every shape too.
+    assert all(float(r["core_ms"]) > 0 and f"n{r['pattern'].replace(':', 'm')}l32_ms128ns256"
+               in r["core_config"] for r in rows)
     record = json.loads((out / "bench.json").read_text())
     assert record["ceilings"]["fp32_tflops"] > 5 and record["ceilings"]["dram_gbs"] > 300
     stored = latest_ceilings(connect(db), record["gpu"])

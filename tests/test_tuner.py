@@ -6,9 +6,17 @@ from __future__ import annotations
 import optuna
 
 from nmgen.config import ALayout
-from nmgen.db import TrialStatus, connect, trials_of
+from nmgen.db import TrialStatus, best_per_problem, connect, trials_of
 from nmgen.model import gpu_spec
-from nmgen.tuner import INFEASIBLE_MS, ModelMeasurer, Tuner, TuneTask
+from nmgen.space import core_config
+from nmgen.tuner import (
+    INFEASIBLE_MS,
+    SEEDS_FROM_MODEL,
+    ModelMeasurer,
+    Tuner,
+    TuneTask,
+    model_seeds,
+)
 
 
 class FailingMeasurer(ModelMeasurer):
@@ -35,3 +43,27 @@ def test_failed_measurements_complete_as_constraint_violations(tmp_path):
     rows = trials_of(tuner.engine, FailingMeasurer(task).key)
     assert rows and all(r.status == TrialStatus.COMPILE_ERROR and r.time_ms is None
                         for r in rows)
+
+
+def test_seeds_core_kernel_then_nearest_winners_then_model(tmp_path):
+    """A study first tries the core benchmark's hand-picked kernel, then the winners of
+    the nearest tuned shapes (nearest first), then the model's best guesses."""
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    tuner = Tuner(connect(url), url, trials=8, batch=8, dry_run=True)
+    shapes = [(256, 2048, 2048), (4096, 8192, 8192), (512, 2048, 2048)]
+    tasks = [TuneTask(gpu_spec("h100"), 8, 32, 32, ALayout.ROW_MAJOR, *s) for s in shapes]
+    for task in tasks[:2]:
+        tuner.tune(task)
+    key = ModelMeasurer(tasks[2]).key
+    winners = best_per_problem(tuner.engine, key, TrialStatus.MODEL)
+    seeds = tuner.seeds(tasks[2], key)
+    core = core_config(tasks[2].problem)
+    assert seeds[0] == core
+    # (256, 2048, 2048) is nearer than (4096, 8192, 8192) to (512, 2048, 2048).
+    expected = [w.config for w in (winners[shapes[0]], winners[shapes[1]])]
+    assert [c for c in seeds[1:] if c in expected] == list(dict.fromkeys(expected))
+    assert set(model_seeds(tasks[2], SEEDS_FROM_MODEL)) <= set(seeds)
+    tuner.tune(tasks[2])
+    study = optuna.load_study(study_name=tuner.study_name(tasks[2]), storage=url)
+    first = min(study.trials, key=lambda t: t.number)
+    assert first.user_attrs["config"] == core.name

@@ -11,15 +11,16 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..config import ALayout
+from ..config import ALayout, KernelConfig
 from ..dispatch import Dispatcher, problem_key
 from ..format import NMMatrix, Pattern
 from ..model import GPUS, estimate, gpu_spec
-from ..results import BenchRow
+from ..results import RTOL, BenchRow
+from ..space import Problem, core_config
 from . import measure
 from .ceilings import Ceilings, measure_ceilings
 from .dense import Dense, dense_gemm
-from .launch import _cupy
+from .launch import _cupy, device_info
 from .timing import CompilePool, time_ms
 
 Shape = tuple[int, int, int]
@@ -32,7 +33,7 @@ def _spec(gpu: str):
 def precompile(dispatcher: Dispatcher, patterns: Sequence[Pattern], vec: int,
                shapes: Sequence[Shape], workers: int = 16) -> list[str]:
     """Compile every kernel dispatch will pick, in parallel, before anything is timed."""
-    configs = {}
+    configs = {c.name: c for p in patterns if (c := _core(p, vec)) is not None}
     for p in patterns:
         for rows, cols, depth in shapes:
             key = problem_key(p.n, p.m, vec, ALayout.ROW_MAJOR, rows, cols, depth)
@@ -40,6 +41,11 @@ def precompile(dispatcher: Dispatcher, patterns: Sequence[Pattern], vec: int,
             configs[config.name] = config
     with CompilePool(workers) as pool:
         return pool.compile(list(configs.values()))
+
+
+def _core(p: Pattern, vec: int) -> KernelConfig | None:
+    """The core benchmark's hand-picked kernel for ``p``, timed beside the tuned one."""
+    return core_config(Problem(p.n, p.m, vec, ALayout.ROW_MAJOR, device_info().arch))
 
 
 def random_weight(n: int, m: int, vec: int, depth: int, cols: int) -> NMMatrix:
@@ -102,15 +108,30 @@ def _one(dispatcher: Dispatcher, a, p: Pattern, vec: int, shape: Shape, dense: d
     rows_m, cols, depth = shape
     b = random_weight(p.n, p.m, vec, depth, cols)
     out = cp.full((rows_m, cols), cp.nan, cp.float32)  # poisoned: a skipped write shows
-    dispatcher(a, b, out=out)
     ref = a.astype(cp.float64) @ dense_float64(b)
-    err = float(cp.linalg.norm(out - ref) / max(float(cp.linalg.norm(ref)), 1e-30))
-    err = err if np.isfinite(err) else float("inf")
-    del ref
+    err = _error(lambda: dispatcher(a, b, out=out), out, ref)
     ms = time_ms(lambda i: dispatcher(a, b, out=out), repeat=repeat)
+    core_ms, core = None, _core(p, vec)
+    if core is not None:  # the hand-picked kernel on the same data, checked the same way
+        kernel = dispatcher.kernel(core)
+        core_err = _error(lambda: kernel(a, b, out=out), out, ref)
+        if not core_err < RTOL:
+            raise RuntimeError(f"{core.name} is wrong on {rows_m}x{cols}x{depth}: "
+                               f"relative error {core_err:.3g}")
+        core_ms = time_ms(lambda i: kernel(a, b, out=out), repeat=repeat)
+    del ref
     key = problem_key(p.n, p.m, vec, ALayout.ROW_MAJOR, rows_m, cols, depth)
     decision = dispatcher.decide(key)
     model_ms = estimate(decision.config, _spec(key.gpu), rows_m, cols, depth).time_ms
     return BenchRow(f"{p.n}:{p.m}", vec, rows_m, cols, depth, ms, dense[Dense.SGEMM],
                     dense[Dense.TF32], dense[Dense.BF16], model_ms, err, decision.source,
-                    decision.config.name)
+                    decision.config.name, core_ms, core.name if core else "")
+
+
+def _error(launch: Callable[[], object], out, ref) -> float:
+    """Relative error of ``launch``'s product in ``out`` (poisoned first) against ``ref``."""
+    cp = _cupy()
+    out.fill(cp.nan)
+    launch()
+    err = float(cp.linalg.norm(out - ref) / max(float(cp.linalg.norm(ref)), 1e-30))
+    return err if np.isfinite(err) else float("inf")
