@@ -38,21 +38,6 @@ def variant_config(layout_tile, packing, stages, split_k, arch, seed) -> nmgen.K
             continue
 
 
-# KNOWN DEFECT (issue 2), kept in sight by the strict xfails below: the register estimate
-# leaves out what the landing transposition keeps live (row-major A into a K-major tile),
-# so some landing kernels spill under the launch bounds the estimate implies (seen: 8x8
-# tiles at exactly their budget, 88 bytes; an 8x16 single-stage split-K tile on sm_80,
-# 92 bytes). Correct, but slower than they should be. Counting the transposition in
-# KernelConfig.registers_estimate changes launch bounds, so it lands with a GPU test run.
-LANDING_SPILL = "landing kernel spills: the register estimate misses the transposition"
-LANDING_SPILLERS = [
-    nmgen.KernelConfig(8, 32, 32, 256, 64, 32, 8, 8, warp_m=8, warp_n=4, stages=2,
-                       a_layout=ALayout.ROW_MAJOR, a_tile="tk"),
-    nmgen.KernelConfig(16, 64, 32, 128, 64, 64, 8, 16, warp_m=16, warp_n=2, stages=1,
-                       split_k=3, a_layout=ALayout.ROW_MAJOR, a_tile="tk", arch=Arch.SM80),
-]
-
-
 def _variant_id(v) -> str:
     if isinstance(v, tuple):
         return "-".join(x.value for x in v)
@@ -68,8 +53,6 @@ def test_variant_compiles_within_resources(layout_tile, packing, stages, split_k
     assert set(compiled.resources) == set(nmgen.render(config).entry_points), compiled.log
     budget = min(255, 65536 // (config.threads * min_blocks_per_sm(config)))
     main = compiled.resources[config.name]
-    if config.landing and (main.spill_stores or main.spill_loads):
-        pytest.xfail(f"{LANDING_SPILL}: {config.name}: {main}")
     for entry, res in compiled.resources.items():
         if entry == config.name and config.registers_estimate >= budget:
             # KNOWN DEFECT (open in issue 2's notes): 8x8 thread tiles whose register
@@ -108,9 +91,15 @@ def test_ptxas_report_parser():
             res.static_smem) == (99, 4, 12, 8, 256)
 
 
-@pytest.mark.xfail(strict=True, reason=LANDING_SPILL)
-@pytest.mark.parametrize("config", LANDING_SPILLERS, ids=lambda c: c.name)
-def test_landing_kernels_do_not_spill(config):
-    assert config.landing
-    res = compile_with_nvcc(nmgen.render(config)).resources[config.name]
-    assert res.spill_stores == 0 and res.spill_loads == 0, f"{config.name}: {res}"
+def test_landing_kernels_that_spilled_get_their_registers_or_are_refused():
+    """Two landing kernels that spilled under the old register estimate: one now gets a
+    launch bound with room (no spill), the other needs more than 255 and is refused."""
+    roomy = nmgen.KernelConfig(8, 32, 32, 256, 64, 32, 8, 8, warp_m=8, warp_n=4, stages=2,
+                               a_layout=ALayout.ROW_MAJOR, a_tile="tk")
+    assert min_blocks_per_sm(roomy) == 1
+    res = compile_with_nvcc(nmgen.render(roomy)).resources[roomy.name]
+    assert res.spill_stores == 0 and res.spill_loads == 0, f"{roomy.name}: {res}"
+    with pytest.raises(ConfigError, match="registers"):
+        nmgen.KernelConfig(16, 64, 32, 128, 64, 64, 8, 16, warp_m=16, warp_n=2, stages=1,
+                           split_k=3, a_layout=ALayout.ROW_MAJOR, a_tile="tk",
+                           arch=Arch.SM80)

@@ -42,7 +42,7 @@ def test_json_and_name_round_trip(seed):
     (dict(ns=64, warp_n=16, warp_m=2), "NS % (NT * warp_n) == 0"),
     (dict(stages=4), "1 <= stages <= 3"),
     (dict(ms=256, ns=256, mt=4, nt=4), "threads"),
-    (dict(ks=256, ms=256, stages=3), "shared memory"),
+    (dict(ks=256, ms=256, stages=3, a_tile="tm"), "shared memory"),
     (dict(split_k=0), "all sizes >= 1"),
     (dict(a_layout="km", a_tile="tm"), "M-major A tile"),
 ])

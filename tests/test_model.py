@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import nmgen
-from nmgen.config import ALayout, Arch
+from nmgen.config import ALayout, Arch, ConfigError
 from nmgen.model import (
     GPUS,
     check_device,
@@ -71,14 +71,23 @@ def test_rank_is_deterministic_and_feasible():
 def test_model_top5_holds_a_near_best_config_of_the_benchmark():
     """On the committed H100 grid, the model's top 5 contain a kernel within 10 % of the
     measured best (the model's job: seed the search well)."""
-    rows = [r for r in json.loads(RESULTS.read_text())["rows"]
-            if r.get("ok") and r["a_layout"] == "rm"]  # the grid; km rows are single checks
+    rows = [r for r in json.loads(RESULTS.read_text())["rows"]  # the grid (km: checks)
+            if r.get("ok") and r["a_layout"] == "rm" and _valid(r["config"])]
     for pattern in {r["pattern"] for r in rows}:
         runs = [r for r in rows if r["pattern"] == pattern]
         pred = sorted(runs, key=lambda r: estimate(nmgen.KernelConfig.from_name(r["config"]),
                                                    GPUS["h100"], 4096, 4096, 4096).time_ms)
         best = min(r["ms"] for r in runs)
         assert min(r["ms"] for r in pred[:5]) <= 1.10 * best, pattern
+
+
+def _valid(name: str) -> bool:
+    """Grid kernels the space still holds (some landing ones are now refused: registers)."""
+    try:
+        nmgen.KernelConfig.from_name(name)
+    except ConfigError:
+        return False
+    return True
 
 
 @pytest.mark.nvcc
