@@ -104,7 +104,8 @@ def _work(args: argparse.Namespace, tasks: list, db_url: str, storage_url: str) 
     finally:
         tuner.close()
     print(f"{prefix}worked on {report.studies} problems; {report.complete} of "
-          f"{report.total} complete; {report.seconds:.1f} s; results in {db_url}")
+          f"{report.total} complete; {report.seconds:.1f} s ({report.phases}); "
+          f"results in {db_url}")
     if args.dry_run and args.compile_top > 0:
         _print_dry_run(tuner, tasks, args.compile_top)
     return 0

@@ -15,7 +15,8 @@ import functools
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,6 +171,7 @@ class GpuMeasurer:
         self._task = task
         self._pool = pool
         self._errors: dict[str, str] = {}
+        self.data_s = 0.0  # making the problem's data (part of the first measurement)
 
     @functools.cached_property
     def _bench(self):
@@ -178,7 +180,10 @@ class GpuMeasurer:
         from .gpu.measure import ProblemBench
 
         t = self._task
-        return ProblemBench(t.n, t.m, t.vec, t.a_layout, t.rows, t.cols, t.depth)
+        start = time.monotonic()
+        bench = ProblemBench(t.n, t.m, t.vec, t.a_layout, t.rows, t.cols, t.depth)
+        self.data_s = time.monotonic() - start
+        return bench
 
     def prepare(self, configs: list[KernelConfig]) -> None:
         self._errors = dict(e.split(": ", 1) for e in self._pool.compile(configs))
@@ -217,6 +222,28 @@ class ModelMeasurer:
 
 # ------------------------------------------------------------------ running
 @dataclass
+class Phases:
+    """Where a study's time went, in seconds: setup (study, seeds), optuna (ask, suggest,
+    tell), compile, data (the problem on the device), measure (check, time, record)."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.add(phase, time.monotonic() - start)
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+
+    def __str__(self) -> str:
+        return ", ".join(f"{k} {v:.2f} s" for k, v in self.seconds.items())
+
+
+@dataclass
 class TuneReport:
     task: TuneTask
     trials: int
@@ -224,6 +251,7 @@ class TuneReport:
     winner: Winner | None
     seconds: float
     statuses: dict[str, int] = field(default_factory=dict)
+    phases: Phases = field(default_factory=Phases)
 
 
 PLANNED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING)
@@ -267,8 +295,10 @@ class Tuner:
 
     def tune(self, task: TuneTask, time_budget_s: float = math.inf) -> TuneReport:
         start = time.monotonic()
-        measurer = self.measurer(task)
-        study = self._study(task, measurer.key)
+        phases = Phases()
+        with phases("setup"):
+            measurer = self.measurer(task)
+            study = self._study(task, measurer.key)
         statuses: dict[str, int] = {}
         batches = 0
         # The first batch (the model's seeds) always runs: every shape gets a winner, even
@@ -278,40 +308,50 @@ class Tuner:
             if wanted <= 0:
                 break
             batches += 1
-            self._run_batch(study, task, measurer, wanted, statuses)
+            self._run_batch(study, task, measurer, wanted, statuses, phases)
+        data_s = getattr(measurer, "data_s", 0.0)  # measured inside the first measurement
+        if data_s:
+            phases.add("measure", -data_s)
+            phases.add("data", data_s)
         winner = best_per_problem(self.engine, measurer.key,
                                   TrialStatus.MODEL if self.dry_run else TrialStatus.OK
                                   ).get((task.rows, task.cols, task.depth))
         measured = statuses.get(TrialStatus.OK, 0) + statuses.get(TrialStatus.MODEL, 0)
         report = TuneReport(task, self._done(study), measured, winner,
-                            time.monotonic() - start, statuses)
+                            time.monotonic() - start, statuses, phases)
         self.log(f"{self.study_name(task)}: {report.trials} trials ({measured} measured "
                  "here), " + (f"best {winner.time_ms:.4f} ms {winner.config.name}" if winner
-                              else "no correct kernel"))
+                              else "no correct kernel") + f" [{report.seconds:.2f} s: {phases}]")
         return report
 
     def _run_batch(self, study: optuna.Study, task: TuneTask, measurer, wanted: int,
-                   statuses: dict[str, int]) -> None:
+                   statuses: dict[str, int], phases: Phases) -> None:
         from .studies import ask, heartbeat, worker_id
 
-        asked = [ask(study) for _ in range(wanted)]
+        with phases("optuna"):
+            asked = [ask(study) for _ in range(wanted)]
         with heartbeat(study._storage, asked):
-            for trial in self._give_back_surplus(study, asked):
-                asked.remove(trial)
-            for trial in asked:
-                trial.set_user_attr("worker", worker_id())
-            configs = [suggest_config(t, task) for t in asked]
-            known = self._known(measurer.key)
+            with phases("optuna"):
+                for trial in self._give_back_surplus(study, asked):
+                    asked.remove(trial)
+                for trial in asked:
+                    trial.set_user_attr("worker", worker_id())
+                configs = [suggest_config(t, task) for t in asked]
+            with phases("measure"):
+                known = self._known(measurer.key)
             fresh = {c.name: c for c in configs if c is not None and c.name not in known
                      and feasible(c, task.gpu) is None}
-            measurer.prepare(list(fresh.values()))
+            with phases("compile"):
+                measurer.prepare(list(fresh.values()))
             for trial, config in zip(asked, configs, strict=True):
-                status, value, violation = self._outcome(task, measurer, config, known)
+                with phases("measure"):
+                    status, value, violation = self._outcome(task, measurer, config, known)
                 statuses[status] = statuses.get(status, 0) + 1
-                if config is not None:
-                    trial.set_user_attr("config", config.name)
-                    trial.set_user_attr("status", status)
-                _tell(study, trial, value, violation)
+                with phases("optuna"):
+                    if config is not None:
+                        trial.set_user_attr("config", config.name)
+                        trial.set_user_attr("status", status)
+                    _tell(study, trial, value, violation)
 
     def _outcome(self, task: TuneTask, measurer, config: KernelConfig | None,
                  known: dict[str, tuple[str, float]]) -> tuple[str, float, float]:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .studies import fail_orphans, open_storage
-from .tuner import Tuner, TuneTask
+from .tuner import Phases, Tuner, TuneTask
 
 POLL_S = 0.5  # a waiting worker looks again this often
 
@@ -31,6 +31,7 @@ class WorkerReport:
     complete: int  # studies with all their trials when it left
     total: int
     seconds: float
+    phases: Phases  # summed over the studies it worked on
 
 
 def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = math.inf,
@@ -42,10 +43,14 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
     order = list(tasks[first:]) + list(tasks[:first])
     worked: set[str] = set()
 
+    phases = Phases()
+
     def tune(task: TuneTask, budget_s: float, progress: str) -> None:
         log(f"[{tasks.index(task) + 1}/{len(tasks)}] {tuner.study_name(task)} "
             f"({progress}, {time.monotonic() - start:.0f} s)")
-        tuner.tune(task, time_budget_s=budget_s)
+        report = tuner.tune(task, time_budget_s=budget_s)
+        for phase, seconds in report.phases.seconds.items():
+            phases.add(phase, seconds)
         worked.add(task.study_name)
 
     if math.isfinite(time_budget_s):
@@ -73,7 +78,7 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
                 log(f"time budget spent: {len(unfinished)} of {len(tasks)} studies short "
                     "of their trials")
             return WorkerReport(len(worked), len(tasks) - len(unfinished), len(tasks),
-                                time.monotonic() - start)
+                                time.monotonic() - start, phases)
         if not open_tasks:  # the rest is running elsewhere: wait for it (or its failure)
             time.sleep(POLL_S)
 

@@ -67,3 +67,13 @@ def test_seeds_core_kernel_then_nearest_winners_then_model(tmp_path):
     study = optuna.load_study(study_name=tuner.study_name(tasks[2]), storage=url)
     first = min(study.trials, key=lambda t: t.number)
     assert first.user_attrs["config"] == core.name
+
+
+def test_report_says_where_the_time_went(tmp_path):
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    task = TuneTask(gpu_spec("h100"), 2, 4, 16, ALayout.ROW_MAJOR, 64, 256, 512)
+    report = Tuner(connect(url), url, trials=8, batch=4, dry_run=True).tune(task)
+    phases = report.phases.seconds
+    assert set(phases) == {"setup", "optuna", "compile", "measure"}
+    assert all(s >= 0 for s in phases.values())
+    assert sum(phases.values()) <= report.seconds
