@@ -25,6 +25,9 @@ class ATile(str, Enum):
     K_MAJOR = "tk"  # rows of K, MS floats wide: float4 fragment reads; row-major A lands
     #                 M-major first and each thread transposes the chunks it copied
     M_MAJOR = "tm"  # rows of M (row-major A only): 16-byte copies in, scalar fragment reads
+    K_MAJOR_STAGED = "tr"  # K-major tile that row-major A reaches through registers:
+    #                        16-byte loads issued before a stage's compute, stored
+    #                        transposed after it (no landing tile; unpacked only)
 
 
 class Arch(str, Enum):
@@ -141,17 +144,17 @@ class KernelConfig:
         if self.a_tile is ATile.M_MAJOR:
             stride = -(-self.a_rows // 4) * 4
             return stride + 4 if stride % 8 == 0 else stride
-        if self.landing and not self.swizzle:
+        if self.transposed and not self.swizzle:
             return self.ms + 4
         return self.ms
 
     @property
     def swizzle(self) -> bool:
-        """Landing transposes into an XOR-swizzled tile: float4 chunk j of K row k is
+        """Transposing stores go to an XOR-swizzled tile: float4 chunk j of K row k is
         stored at chunk j ^ (k/4 mod 8). A warp's transposing stores (4 M rows x 8 chunks
         along K) and its fragment reads then use all 32 banks. Needs whole 32-float
         windows: 32 | MS, 32 | A_ROWS, and a thread's row chunks 32 floats apart."""
-        return (self.landing and self.ms % 32 == 0 and self.a_rows % 32 == 0
+        return (self.transposed and self.ms % 32 == 0 and self.a_rows % 32 == 0
                 and (self.mt == 4 or self.warp_m * 4 % 32 == 0))
 
     @property
@@ -166,6 +169,39 @@ class KernelConfig:
         return self.a_layout is ALayout.ROW_MAJOR and self.a_tile is ATile.K_MAJOR
 
     @property
+    def staged(self) -> bool:
+        """Row-major A through registers into a K-major tile (``tr``)."""
+        return self.a_layout is ALayout.ROW_MAJOR and self.a_tile is ATile.K_MAJOR_STAGED
+
+    @property
+    def transposed(self) -> bool:
+        """Row-major A reaches a K-major compute tile by the threads' own transposing
+        stores (through a landing tile or through registers)."""
+        return self.landing or self.staged
+
+    @property
+    def a_slots(self) -> int:
+        """16-byte A chunks a thread carries per stage (the template's A_SLOTS): the
+        swizzled mapping's 8 chunks a row, else the paired mapping's cells."""
+        chunks = -(-self.a_rows // 4)
+        if self.swizzle:
+            return chunks // 8 * -(-self.ms // max(1, self.threads // 8))
+        cells = -(-chunks // 2) * 2 * self.ms  # chunk pairs x 2 lanes a row
+        return -(-cells // self.threads)
+
+    @property
+    def a_phases(self) -> int:
+        """A staged stage's A moves in this many phases spread over the compute of the
+        stage before (a divisor of WS, about two chunks a phase): one phase's chunks are
+        in registers at a time, and each has WS/A_PHASES rows of FFMAs to arrive."""
+        most = max(1, self.a_slots // 2)
+        return max(d for d in range(1, min(self.ws, most) + 1) if self.ws % d == 0)
+
+    @property
+    def phase_slots(self) -> int:
+        return -(-self.a_slots // self.a_phases)
+
+    @property
     def landing_stride(self) -> int:
         """Floats between rows of the M-major landing tile: the A-tile rows rounded to 4;
         without the swizzle (lanes in pairs along K), then to 8 mod 16, so that the 16-byte
@@ -175,8 +211,8 @@ class KernelConfig:
 
     @property
     def compute_tiles(self) -> int:
-        """K-major tiles fed by the landing tile (double-buffered; one for one stage)."""
-        return (1 if self.stages == 1 else 2) if self.landing else 0
+        """K-major tiles the threads transpose into (double-buffered; one for one stage)."""
+        return (1 if self.stages == 1 else 2) if self.transposed else 0
 
     @property
     def landing_tiles(self) -> int:
@@ -194,7 +230,8 @@ class KernelConfig:
         packing_table = 32 if self.packing else 0
         single_stage = 8 if self.stages == 1 else 0
         split = 8 if self.split_k > 1 else 0
-        extra = packing_table + single_stage + split + self._landing_registers
+        staged = 4 * self.phase_slots + 8 if self.staged else 0  # A chunks in flight
+        extra = packing_table + single_stage + split + self._landing_registers + staged
         return max(self.mt * self.nt + fragments + 48 + extra, 80)
 
     @property
@@ -218,8 +255,8 @@ class KernelConfig:
     @property
     def stage_words(self) -> tuple[int, int, int]:
         """Floats/ints per pipeline stage: (A tile, B' tile, index table); the A tile is 0
-        where A goes through landing tiles."""
-        return (0 if self.landing else self.a_words), self.ws * self.ns, self.pos_words
+        where A goes through the compute tiles instead."""
+        return (0 if self.transposed else self.a_words), self.ws * self.ns, self.pos_words
 
     @property
     def landing_words(self) -> int:
@@ -252,8 +289,12 @@ class KernelConfig:
             ("MT * NT <= 128 accumulators", self.mt * self.nt <= 128),
             (f"1 <= stages <= {MAX_STAGES}", self.stages <= MAX_STAGES),
             ("KS <= 1024", self.ks <= 1024),
-            ("M-major A tile (tm) needs row-major A (rm)",
+            ("M-major and staged A tiles (tm, tr) need row-major A (rm)",
              self.a_tile is ATile.K_MAJOR or self.a_layout is ALayout.ROW_MAJOR),
+            ("staged A tile (tr) without packing", not (self.staged and self.packing)),
+            ("staged A tile (tr) needs the swizzled tile (32 | MS, 32 | A rows, MT 4 or "
+             "warp_m >= 8) and at most 16 chunks a thread",
+             not self.staged or (self.swizzle and self.a_slots <= 16)),
             (f"registers (~{self.registers_estimate}) <= {MAX_REGISTERS}",
              self.registers_estimate <= MAX_REGISTERS),
             (f"threads * registers ({self.threads} * ~{self.registers_estimate}) <= "
@@ -332,6 +373,6 @@ _NAME_RE = re.compile(
     r"^nm_spmm_(?P<family>[a-z0-9]+)_n(?P<n>\d+)m(?P<m>\d+)l(?P<vec>\d+)"
     r"_ms(?P<ms>\d+)ns(?P<ns>\d+)ks(?P<ks>\d+)_mt(?P<mt>\d+)nt(?P<nt>\d+)"
     r"_w(?P<warp_m>\d+)x(?P<warp_n>\d+)_(?P<pack>pack|nopack)_s(?P<stages>\d+)"
-    r"_k(?P<split_k>\d+)_(?P<layout>rm|km)(?:_(?P<tile>tk|tm))?_sm(?P<arch>\d+)$"
+    r"_k(?P<split_k>\d+)_(?P<layout>rm|km)(?:_(?P<tile>tk|tm|tr))?_sm(?P<arch>\d+)$"
 )
 _EXAMPLE_NAME = "nm_spmm_f32_n8m32l32_ms128ns128ks32_mt8nt8_w8x4_pack_s2_k1_rm_sm90"

@@ -183,7 +183,7 @@ def _stage_copy_instructions(config: KernelConfig) -> float:
     a_cells = config.a_rows * config.ms / config.threads
     per_cell = COPY4_INSTRUCTIONS if config.packing else COPY16_INSTRUCTIONS / 4
     a_cost = a_cells * per_cell
-    if config.landing:
+    if config.transposed:
         a_cost += a_cells / 4 * TRANSPOSE_CHUNK_INSTRUCTIONS
     b_cost = config.ws * config.ns / 4 / config.threads * COPY16_INSTRUCTIONS
     return a_cost + b_cost + STAGE_FIXED_INSTRUCTIONS

@@ -129,8 +129,8 @@ def _tell(study: optuna.Study, trial: optuna.Trial, value: float, violation: flo
 def model_seeds(task: TuneTask, count: int) -> list[KernelConfig]:
     """The model's best feasible configurations (split-K 1 and the best split)."""
     candidates = list(enumerate_configs(task.problem))
-    if task.a_layout is ALayout.ROW_MAJOR:  # 4-byte transposing loads: rarely the best
-        candidates = [c for c in candidates if c.a_tile is ATile.M_MAJOR] or candidates
+    if task.a_layout is ALayout.ROW_MAJOR:  # landing tiles: rarely the best (core grid)
+        candidates = [c for c in candidates if c.a_tile is not ATile.K_MAJOR] or candidates
     ranked = rank(candidates, task.gpu, task.rows, task.cols, task.depth)
     seeds: list[KernelConfig] = []
     shapes_seen: set[tuple] = set()

@@ -20,9 +20,10 @@ pytestmark = pytest.mark.nvcc
 # Every template branch: A layout and tile x packing x pipeline depth x split-K, on both
 # arches.
 LAYOUTS = [(ALayout.ROW_MAJOR, ATile.K_MAJOR), (ALayout.ROW_MAJOR, ATile.M_MAJOR),
-           (ALayout.K_MAJOR, ATile.K_MAJOR)]
-VARIANTS = list(itertools.product(LAYOUTS, (False, True), (1, 2, 3), (1, 3),
-                                  (Arch.SM80, Arch.SM90)))
+           (ALayout.ROW_MAJOR, ATile.K_MAJOR_STAGED), (ALayout.K_MAJOR, ATile.K_MAJOR)]
+VARIANTS = [v for v in itertools.product(LAYOUTS, (False, True), (1, 2, 3), (1, 3),
+                                         (Arch.SM80, Arch.SM90))
+            if not (v[0][1] is ATile.K_MAJOR_STAGED and v[1])]  # staged: unpacked only
 
 
 def variant_config(layout_tile, packing, stages, split_k, arch, seed) -> nmgen.KernelConfig:

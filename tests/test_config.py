@@ -44,7 +44,10 @@ def test_json_and_name_round_trip(seed):
     (dict(ms=256, ns=256, mt=4, nt=4), "threads"),
     (dict(ks=256, ms=256, stages=3, a_tile="tm"), "shared memory"),
     (dict(split_k=0), "all sizes >= 1"),
-    (dict(a_layout="km", a_tile="tm"), "M-major A tile"),
+    (dict(a_layout="km", a_tile="tm"), "M-major and staged A tiles"),
+    (dict(a_layout="km", a_tile="tr"), "need row-major A"),
+    (dict(a_tile="tr", packing=True), "staged A tile (tr) without packing"),
+    (dict(a_tile="tr", mt=8, warp_m=4, warp_n=8), "needs the swizzled tile"),
 ])
 def test_violations_name_the_rule(change, rule):
     with pytest.raises(ConfigError, match="rule '.*" + rule.replace("(", r"\(").replace(
