@@ -19,18 +19,8 @@ from pathlib import Path
 from .config import KernelConfig
 from .db import GOOD, TrialStatus, connect
 from .model import feasible
-from .space import MS_CHOICES, MT_CHOICES, NS_CHOICES, NT_CHOICES, STAGE_CHOICES, WARP_LAYOUTS
 from .studies import open_storage
-from .tuner import (
-    INFEASIBLE_MS,
-    KS_WINDOW_CHOICES,
-    SPLIT_K_CHOICES,
-    Outcome,
-    Tuner,
-    TuneTask,
-    _from_params,
-    _tiles,
-)
+from .tuner import INFEASIBLE_MS, Outcome, Tuner, TuneTask, _from_params, search_choices
 
 Shape = tuple[int, int, int]
 
@@ -49,14 +39,10 @@ Table = dict[str, Record]  # configuration name -> its record on one shape
 def search_space(task: TuneTask) -> list[KernelConfig]:
     """Every feasible configuration the tuner can ask for on ``task`` (its parameter
     grid through the same rules), in name order."""
-    grid = itertools.product([f"{a}x{b}" for a, b in WARP_LAYOUTS], MS_CHOICES, NS_CHOICES,
-                             KS_WINDOW_CHOICES, MT_CHOICES, NT_CHOICES, (False, True),
-                             STAGE_CHOICES, SPLIT_K_CHOICES, _tiles(task))
-    keys = ("warp", "ms", "ns", "ks_windows", "mt", "nt", "packing", "stages", "split_k",
-            "a_tile")
+    choices = search_choices(task)
     found: dict[str, KernelConfig] = {}
-    for values in grid:
-        config = _from_params(task, dict(zip(keys, values, strict=True)))
+    for values in itertools.product(*choices.values()):
+        config = _from_params(task, dict(zip(choices, values, strict=True)))
         if config is not None and feasible(config, task.gpu) is None:
             found[config.name] = config
     return [found[name] for name in sorted(found)]

@@ -80,20 +80,18 @@ def _tiles(task: TuneTask) -> tuple[str, ...]:
     return tuple(t.value for t in ATile) if task.a_layout is ALayout.ROW_MAJOR else ("tk",)
 
 
+def search_choices(task: TuneTask) -> dict[str, tuple]:
+    """The tuner's parameters and the values each may take (Optuna's categorical space)."""
+    return {"warp": tuple(f"{a}x{b}" for a, b in WARP_LAYOUTS), "ms": MS_CHOICES,
+            "ns": NS_CHOICES, "ks_windows": KS_WINDOW_CHOICES, "mt": MT_CHOICES,
+            "nt": NT_CHOICES, "packing": (False, True), "stages": STAGE_CHOICES,
+            "split_k": SPLIT_K_CHOICES, "a_tile": _tiles(task)}
+
+
 def suggest_config(trial: optuna.Trial, task: TuneTask) -> KernelConfig | None:
     """The trial's configuration, or ``None`` where the parameters break a rule."""
-    params = {
-        "warp": trial.suggest_categorical("warp", [f"{a}x{b}" for a, b in WARP_LAYOUTS]),
-        "ms": trial.suggest_categorical("ms", MS_CHOICES),
-        "ns": trial.suggest_categorical("ns", NS_CHOICES),
-        "ks_windows": trial.suggest_categorical("ks_windows", KS_WINDOW_CHOICES),
-        "mt": trial.suggest_categorical("mt", MT_CHOICES),
-        "nt": trial.suggest_categorical("nt", NT_CHOICES),
-        "packing": trial.suggest_categorical("packing", (False, True)),
-        "stages": trial.suggest_categorical("stages", STAGE_CHOICES),
-        "split_k": trial.suggest_categorical("split_k", SPLIT_K_CHOICES),
-        "a_tile": trial.suggest_categorical("a_tile", _tiles(task)),
-    }
+    params = {name: trial.suggest_categorical(name, values)
+              for name, values in search_choices(task).items()}
     return _from_params(task, params)
 
 
