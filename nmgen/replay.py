@@ -19,10 +19,9 @@ from pathlib import Path
 from .config import KernelConfig
 from .db import GOOD, TrialStatus, connect
 from .model import feasible
+from .shapes import Shape
 from .studies import open_storage
 from .tuner import INFEASIBLE_MS, Outcome, Tuner, TuneTask, _from_params, search_choices
-
-Shape = tuple[int, int, int]
 
 
 @dataclass(frozen=True)

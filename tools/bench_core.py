@@ -25,6 +25,7 @@ import nmgen  # noqa: E402
 from nmgen.config import ALayout, ConfigError, KernelConfig  # noqa: E402
 from nmgen.gpu.timing import precompile, time_ms  # noqa: E402
 from nmgen.report import markdown_table  # noqa: E402
+from nmgen.results import RTOL  # noqa: E402
 
 NM_SPMM_SPEEDUP = {"16:32": 1.87, "12:32": 2.5, "8:32": 3.6, "4:32": 6.2}  # issue 2 targets
 TILES = (  # MSxNSxMTxNTxWARP_MxWARP_N
@@ -32,7 +33,6 @@ TILES = (  # MSxNSxMTxNTxWARP_MxWARP_N
     "128x256x16x8x8x4", "256x128x16x8x8x4", "128x128x16x8x8x4", "64x256x16x8x4x8",
 )
 KS_WINDOWS = (1, 2, 4)
-RTOL = 1e-5
 
 
 def grid(n: int, m: int, vec: int, tiles=TILES, windows=KS_WINDOWS, packings=(False, True),

@@ -34,6 +34,22 @@ def tuned_times(engine, gpu: str) -> dict[tuple, float]:
         return {tuple(r[:7]): r[7] for r in session.execute(stmt)}
 
 
+def core_verdicts(rows, stored: dict[tuple, float]) -> str:
+    """Where the bench found the hand-picked kernel faster than the tuned one: what the
+    tuning run had stored for the two."""
+    faster = [r for r in rows if r.core_ms and r.core_ms < r.nmgen_ms]
+    both, tuning_agreed = 0, 0
+    for row in faster:
+        n, m = (int(x) for x in row.pattern.split(":"))
+        problem = (n, m, row.vec, row.M, row.N, row.K)
+        tuned, core = stored.get((*problem, row.config)), stored.get((*problem, row.core_config))
+        if tuned and core:
+            both += 1
+            tuning_agreed += core < tuned
+    return (f"hand-picked faster than tuned in the bench: {len(faster)} rows; both timed in "
+            f"tuning on {both}, where tuning too had the hand-picked faster on {tuning_agreed}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("csv", type=Path)
@@ -53,11 +69,15 @@ def main() -> None:
     if not pairs:
         sys.exit(f"no bench row has a stored trial for {gpu} in {args.db}")
     for which in ("tuned", "core"):
-        ratios = sorted(r for r, w, _ in pairs if w == which)
+        ratios = sorted((r, row.nmgen_ms if which == "tuned" else row.core_ms)
+                        for r, w, row in pairs if w == which)
         if ratios:
+            far = [ms for r, ms in ratios if r > 1.10]
             print(f"{which:5}: {len(ratios)} rows, bench/tuning time median "
-                  f"{statistics.median(ratios):.3f}, min {ratios[0]:.3f}, max {ratios[-1]:.3f}, "
-                  f"> 1.10 on {sum(r > 1.10 for r in ratios)}")
+                  f"{statistics.median(r for r, _ in ratios):.3f}, min {ratios[0][0]:.3f}, "
+                  f"max {ratios[-1][0]:.3f}, > 1.10 on {len(far)} "
+                  f"({sum(ms < 0.25 for ms in far)} of them under 0.25 ms in the bench)")
+    print(core_verdicts(read_csv(args.csv), stored))
     print(f"\nworst {args.worst} (bench/tuning, which, pattern, M N K, bench ms, kernel):")
     for ratio, which, row in sorted(pairs, key=lambda p: -p[0])[:args.worst]:
         name = row.config if which == "tuned" else row.core_config

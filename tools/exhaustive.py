@@ -6,7 +6,7 @@ measure (GPU): every configuration of the tuner's space (``nmgen.replay.search_s
     a GPU), and a re-run skips what a file already holds.
 
     CUDA_VISIBLE_DEVICES=$i python tools/exhaustive.py measure --slice $i/8 \\
-        --pattern 8:32 --layout km --shapes "256 4096 4096;1024 4096 11008;4096 4096 4096" \\
+        --pattern 8:32 --layout km --shapes shapes/exhaustive.txt \\
         --out results/exhaustive_h100
 
 replay (CPU): the real tuner, seeded by the model, replayed on those numbers
@@ -33,19 +33,14 @@ from nmgen.format import Pattern  # noqa: E402
 from nmgen.model import gpu_spec  # noqa: E402
 from nmgen.replay import read_tables, replay, search_space  # noqa: E402
 from nmgen.report import markdown_table  # noqa: E402
+from nmgen.shapes import read_shapes  # noqa: E402
 from nmgen.tuner import TuneTask  # noqa: E402
-
-Shape = tuple[int, int, int]
-
-
-def parse_shapes(text: str) -> list[Shape]:
-    return [tuple(int(x) for x in part.split()) for part in text.split(";") if part.strip()]
 
 
 def tasks_of(args: argparse.Namespace) -> list[TuneTask]:
     p = Pattern.parse(args.pattern)
     return [TuneTask(gpu_spec(args.gpu), p.n, p.m, args.vec, ALayout(args.layout), *shape)
-            for shape in parse_shapes(args.shapes)]
+            for shape in read_shapes(args.shapes)]
 
 
 def measure(args: argparse.Namespace) -> None:
@@ -118,7 +113,7 @@ def main() -> None:
     parser.add_argument("--pattern", default="8:32")
     parser.add_argument("--vec", type=int, default=32)
     parser.add_argument("--layout", choices=("rm", "km"), default="km")
-    parser.add_argument("--shapes", default="256 4096 4096;1024 4096 11008;4096 4096 4096")
+    parser.add_argument("--shapes", default="shapes/exhaustive.txt", help="a shapes file")
     parser.add_argument("--out", type=Path, default=Path("results/exhaustive_h100"))
     parser.add_argument("--slice", default="0/1", help="i/n: this process's share")
     parser.add_argument("--workers", type=int, default=16, help="compile processes")
