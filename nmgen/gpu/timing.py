@@ -3,26 +3,57 @@ compiling many kernels ahead of timing in a process pool."""
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
+from typing import Any
+
+import numpy as np
 
 from ..codegen import render
 from ..config import KernelConfig
 from .launch import NVRTC_OPTIONS, _cupy
 
+# A one-thread kernel that waits on the GPU's nanosecond timer. Launched before each timed
+# call, it keeps the stream busy while the host records the start event and enqueues the
+# call, so the events bracket the device work alone, not the host's launch path (which
+# can be as long as a short kernel; it is measured on its own by
+# tools/bench_dispatch_overhead.py).
+_WAIT_SOURCE = r"""
+extern "C" __global__ void nmgen_wait_ns(unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
+}
+"""
+QUEUE_AHEAD_US = 100.0  # longer than a dispatch call's host path (~20-35 us)
 
-def time_ms(fn: Callable[[int], object], warmup: int = 3, repeat: int = 20) -> float:
-    """Median milliseconds of ``fn(i)`` (``i`` lets the caller rotate inputs), timed with
-    CUDA events on the current stream, after ``warmup`` untimed calls."""
+
+@functools.cache
+def _wait_kernel() -> Any:
+    return _cupy().RawKernel(_WAIT_SOURCE, "nmgen_wait_ns")
+
+
+def time_ms(fn: Callable[[int], object], warmup: int = 3, repeat: int = 20,
+            queue_ahead_us: float = QUEUE_AHEAD_US) -> float:
+    """Median milliseconds of ``fn(i)`` (``i`` lets the caller rotate inputs) on the device,
+    timed with CUDA events on the current stream after ``warmup`` untimed calls. Each
+    timed call is queued behind a ``queue_ahead_us`` wait on the GPU, so the host's cost
+    of making the call stays out of the figure (0: no wait, host gaps included)."""
     cp = _cupy()
     for i in range(warmup):
         fn(i)
     stream = cp.cuda.get_current_stream()
+    wait_ns = np.uint64(queue_ahead_us * 1000)
     times = []
     for i in range(repeat):
         start, stop = cp.cuda.Event(), cp.cuda.Event()
+        if queue_ahead_us > 0:
+            _wait_kernel()((1,), (1,), (wait_ns,), stream=stream)
         start.record(stream)
         fn(i)
         stop.record(stream)

@@ -1,0 +1,55 @@
+"""The timer's queue-ahead wait: nvcc compiles it (CPU), and on the GPU the events bracket
+the device work of the timed call, not the host time spent making it."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from nmgen.compile import nvcc_path
+from nmgen.gpu import timing
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_wait_kernel_compiles(tmp_path, arch):
+    source = tmp_path / "wait.cu"
+    source.write_text(timing._WAIT_SOURCE)
+    run = subprocess.run([nvcc_path() or "nvcc", "-cubin", f"-arch={arch}", "-o",
+                          str(tmp_path / "wait.cubin"), str(source)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+
+
+def _host_busy(us: float) -> None:
+    end = time.perf_counter() + us * 1e-6
+    while time.perf_counter() < end:
+        pass
+
+
+@pytest.mark.gpu
+def test_queue_ahead_keeps_host_time_out():
+    import cupy as cp
+
+    x = cp.zeros(256, cp.float32)
+
+    def slow_host_fast_kernel(i: int) -> None:
+        _host_busy(60.0)  # the host path of a call, longer than the kernel it launches
+        x.fill(i)
+
+    with_wait = timing.time_ms(slow_host_fast_kernel, repeat=15)
+    without = timing.time_ms(slow_host_fast_kernel, repeat=15, queue_ahead_us=0)
+    assert without >= 0.055, without  # the old timer saw the host's 60 us
+    assert with_wait < 0.03, with_wait  # the new one sees the fill kernel alone
+
+
+@pytest.mark.gpu
+def test_queue_ahead_keeps_device_time_in():
+    import numpy as np
+
+    def device_wait(i: int) -> None:
+        timing._wait_kernel()((1,), (1,), (np.uint64(200_000),))
+
+    assert 0.195 <= timing.time_ms(device_wait, repeat=9) < 0.26
