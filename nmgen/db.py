@@ -252,6 +252,21 @@ def record_trial(engine: Engine, key: ProblemKey, config: KernelConfig, source_h
     return retry_on_race(insert, attempts=4, errors=(IntegrityError,), delay_s=0.0)
 
 
+def update_times(engine: Engine, key: ProblemKey, times: dict[str, float]) -> None:
+    """Replace the stored time of each named configuration of ``key``'s problem (a second,
+    fairer timing of the finalists; see ``Tuner.confirm``)."""
+    flops = 2.0 * key.rows * key.cols * key.depth
+    with Session(engine) as session, session.begin():
+        for row in session.scalars(
+                select(TrialRow).join(TrialRow.problem).join(ProblemRow.gpu)
+                .join(TrialRow.config_row)
+                .where(*_problem_filter(key), ProblemRow.rows == key.rows,
+                       ProblemRow.cols == key.cols, ProblemRow.depth == key.depth,
+                       ConfigRow.name.in_(list(times)))):
+            row.time_ms = times[row.config_row.name]
+            row.tflops = flops / row.time_ms / 1e9
+
+
 def _problem_filter(key: ProblemKey):
     return (GpuRow.name == key.gpu, GpuRow.arch == key.arch,
             GpuRow.cuda_version == key.cuda_version,

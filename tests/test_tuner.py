@@ -6,10 +6,11 @@ from __future__ import annotations
 import optuna
 
 from nmgen.config import ALayout
-from nmgen.db import TrialStatus, best_per_problem, connect, trials_of
+from nmgen.db import TrialStatus, best_per_problem, connect, trials_of, update_times
 from nmgen.model import gpu_spec
 from nmgen.space import core_config
 from nmgen.tuner import (
+    FINALISTS,
     INFEASIBLE_MS,
     SEEDS_FROM_MODEL,
     ModelMeasurer,
@@ -74,6 +75,34 @@ def test_report_says_where_the_time_went(tmp_path):
     task = TuneTask(gpu_spec("h100"), 2, 4, 16, ALayout.ROW_MAJOR, 64, 256, 512)
     report = Tuner(connect(url), url, trials=8, batch=4, dry_run=True).tune(task)
     phases = report.phases.seconds
-    assert set(phases) == {"setup", "optuna", "compile", "measure"}
+    assert set(phases) == {"setup", "optuna", "compile", "measure", "confirm"}
     assert all(s >= 0 for s in phases.values())
     assert sum(phases.values()) <= report.seconds
+
+
+def test_finalists_timed_again_before_one_wins(tmp_path):
+    """A lucky first timing (here: a slow configuration stored as the fastest) does not
+    survive the next call's confirmation of the finalists; the core kernel is one of them."""
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    task = TuneTask(gpu_spec("h100"), 8, 32, 32, ALayout.ROW_MAJOR, 256, 2048, 2048)
+    tuner = Tuner(connect(url), url, trials=8, batch=8, dry_run=True)
+    key = ModelMeasurer(task).key
+    shape = (256, 2048, 2048)
+    honest = tuner.tune(task).winner
+    core = core_config(task.problem).name
+    ranked = sorted((r.time_ms, r.config_row.name) for r in trials_of(tuner.engine, key)
+                    if r.status == TrialStatus.MODEL and r.config_row.name != core)
+    slow_ms, slow = ranked[-1]
+    update_times(tuner.engine, key, {slow: honest.time_ms / 2})  # the lucky timing
+    assert best_per_problem(tuner.engine, key, TrialStatus.MODEL)[shape].config.name == slow
+
+    times = Tuner(connect(url), url, trials=16, batch=8, dry_run=True).tune(task)
+    assert slow_ms > honest.time_ms
+    again = best_per_problem(tuner.engine, key, TrialStatus.MODEL)[shape]
+    assert again.config.name != slow and again.time_ms <= honest.time_ms
+    stored = {r.config_row.name: r.time_ms for r in trials_of(tuner.engine, key)}
+    assert stored[slow] == slow_ms  # put back to its model time
+    confirmed = tuner.confirm(task, ModelMeasurer(task))
+    assert core in confirmed
+    assert len(confirmed) <= FINALISTS + 1 and slow not in confirmed
+    assert times.winner.config.name == again.config.name
