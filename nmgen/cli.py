@@ -85,7 +85,7 @@ def _supervise(args: argparse.Namespace, devices: list[str], db_url: str,
 def _work(args: argparse.Namespace, tasks: list, db_url: str, storage_url: str) -> int:
     from .db import connect
     from .studies import open_storage
-    from .tuner import Tuner
+    from .tuner import Tuner, default_ahead_workers
     from .workers import run_worker
 
     if not args.dry_run:
@@ -97,6 +97,7 @@ def _work(args: argparse.Namespace, tasks: list, db_url: str, storage_url: str) 
     prefix = f"[worker {args.worker_index}] " if args.worker_count > 1 else ""
     tuner = Tuner(connect(db_url), open_storage(storage_url), trials=args.trials,
                   dry_run=args.dry_run, seed=args.worker_index,
+                  ahead_workers=0 if args.dry_run else default_ahead_workers(Tuner.workers),
                   log=lambda s: print(prefix + s, file=sys.stderr, flush=True))
     try:
         report = run_worker(tuner, tasks, args.time_budget, args.worker_index,

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +61,16 @@ SEEDS_FROM_TUNED = 3
 # up to 78 % on short problems); the hand-picked core kernel is always among them.
 FINALISTS = 3
 FINAL_ROUNDS = 3
+AHEAD_STUDIES = 3  # studies whose seeds compile ahead, in the spare processes
+
+
+def default_ahead_workers(compile_workers: int) -> int:
+    """Compile processes left over on this host once every local worker (the
+    ``NMGEN_LOCAL_WORKERS`` that ``--devices`` starts) has its ``compile_workers`` and a
+    core of its own."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    local = max(1, int(os.environ.get("NMGEN_LOCAL_WORKERS", "1")))
+    return max(0, (cpus or 1) // local - compile_workers - 1)
 
 
 @dataclass(frozen=True)
@@ -176,11 +187,7 @@ class GpuMeasurer:
     and time it with CUDA events on this process's GPU."""
 
     def __init__(self, task: TuneTask, pool: Any):
-        from .dispatch import template_hash
-        from .gpu.launch import device_info
-
-        info = device_info()
-        self.key = task.key(info.name, info.cuda_version, template_hash())
+        self.key = self.key_of(task)
         self._task = task
         self._pool = pool
         self._errors: dict[str, str] = {}
@@ -197,6 +204,14 @@ class GpuMeasurer:
         bench = ProblemBench(t.n, t.m, t.vec, t.a_layout, t.rows, t.cols, t.depth)
         self.data_s = time.monotonic() - start
         return bench
+
+    @staticmethod
+    def key_of(task: TuneTask) -> ProblemKey:
+        from .dispatch import template_hash
+        from .gpu.launch import device_info
+
+        info = device_info()
+        return task.key(info.name, info.cuda_version, template_hash())
 
     def prepare(self, configs: list[KernelConfig]) -> None:
         self._errors = dict(e.split(": ", 1) for e in self._pool.compile(configs))
@@ -300,10 +315,13 @@ class Tuner:
     trials: int = 40
     batch: int = 8
     workers: int = 8
+    ahead_workers: int = 0  # compile processes for the next studies' seeds (0: none)
     dry_run: bool = False
     seed: int = 0
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)
     _compile_pool: Any = None
+    _model_seeds: dict = field(default_factory=dict)  # TuneTask -> its model seeds
+    _ahead_done: set = field(default_factory=set)  # study names whose seeds are queued
 
     def study_name(self, task: TuneTask) -> str:
         return ("model-" if self.dry_run else "") + task.study_name
@@ -357,6 +375,21 @@ class Tuner:
                  "here), " + (f"best {winner.time_ms:.4f} ms {winner.config.name}" if winner
                               else "no correct kernel") + f" [{report.seconds:.2f} s: {phases}]")
         return report
+
+    def compile_ahead(self, tasks: Sequence[TuneTask]) -> int:
+        """Queue the seeds of ``tasks`` (the studies to come) for the spare compile
+        processes, once a study; returns how many kernels were queued."""
+        if self.dry_run or self.ahead_workers <= 0:
+            return 0
+        queued = 0
+        for task in tasks:
+            if task.study_name in self._ahead_done:
+                continue
+            self._ahead_done.add(task.study_name)
+            key = GpuMeasurer.key_of(task)
+            queued += self._pool().ahead([c for c in self.seeds(task, key)
+                                          if feasible(c, task.gpu) is None])
+        return queued
 
     def confirm(self, task: TuneTask, measurer) -> dict[str, float]:
         """Time the problem's ``FINALISTS`` fastest correct configurations and the core
@@ -444,7 +477,7 @@ class Tuner:
         from .gpu.timing import CompilePool
 
         if self._compile_pool is None:
-            self._compile_pool = CompilePool(self.workers)
+            self._compile_pool = CompilePool(self.workers, self.ahead_workers)
         return self._compile_pool
 
     def close(self) -> None:
@@ -472,7 +505,9 @@ class Tuner:
                          key=lambda sw: (shape_distance(sw[0], shape), sw[1].config.name))
         neighbours = list(dict.fromkeys(w.config for _, w in nearest))[:SEEDS_FROM_TUNED]
         core = core_config(task.problem)
-        seeds = ([core] if core else []) + neighbours + model_seeds(task, SEEDS_FROM_MODEL)
+        if task not in self._model_seeds:
+            self._model_seeds[task] = model_seeds(task, SEEDS_FROM_MODEL)
+        seeds = ([core] if core else []) + neighbours + self._model_seeds[task]
         return [c for c in dict.fromkeys(seeds) if in_space(c)]
 
     @staticmethod

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .studies import fail_orphans, open_storage
-from .tuner import Phases, Tuner, TuneTask
+from .tuner import AHEAD_STUDIES, Phases, Tuner, TuneTask
 
 POLL_S = 0.5  # a waiting worker looks again this often
 
@@ -60,6 +60,7 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
             if time.monotonic() - start >= time_budget_s:
                 break
             if sum(tuner.open_work(task)) == 0:  # untouched, here or by another worker
+                tuner.compile_ahead(order[i + 1:i + 1 + AHEAD_STUDIES])
                 tune(task, 0.0, f"first pass {i + 1}/{len(order)}")
     while True:
         open_tasks = [t for t in order if sum(tuner.open_work(t)) < tuner.trials]
@@ -70,6 +71,7 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
             if sum(tuner.open_work(task)) >= tuner.trials:  # filled by others meanwhile
                 continue
             done = len(tasks) - len(open_tasks) + i - 1
+            tuner.compile_ahead(open_tasks[i:i + AHEAD_STUDIES])
             tune(task, left / (len(open_tasks) - i + 1), f"{done} of {len(tasks)} done or taken")
         unfinished = [t for t in order if tuner.open_work(t)[0] < tuner.trials]
         out_of_time = time.monotonic() - start >= time_budget_s
@@ -90,7 +92,8 @@ def supervise(child_argv: Callable[[int, str], list[str]], devices: Sequence[str
     host = socket.gethostname()  # a worker's id is host:pid (studies.worker_id)
     procs = {}
     for i, device in enumerate(devices):
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": device}
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": device,
+               "NMGEN_LOCAL_WORKERS": str(len(devices))}  # they share the host's cores
         procs[device] = subprocess.Popen([sys.executable, "-m", "nmgen.cli",
                                           *child_argv(i, device)], env=env)
         log(f"worker {i} on GPU {device}: pid {procs[device].pid}")

@@ -53,3 +53,47 @@ def test_queue_ahead_keeps_device_time_in():
         timing._wait_kernel()((1,), (1,), (np.uint64(200_000),))
 
     assert 0.195 <= timing.time_ms(device_wait, repeat=9) < 0.26
+
+
+def _fake_compile(config_json: str) -> str | None:
+    """Stands in for NVRTC (absent on a CPU host): notes each compile in a file, slowly,
+    and fails the two-stage kernels."""
+    import os
+
+    from nmgen.config import KernelConfig
+
+    name = KernelConfig.from_json(config_json).name
+    with open(os.environ["NMGEN_TEST_COMPILE_LOG"], "a") as log:
+        log.write(name + "\n")
+    time.sleep(0.2)
+    return f"{name}: failed (test)" if "_s2_" in name else None
+
+
+def _configs():
+    from nmgen.config import KernelConfig
+
+    return [KernelConfig(8, 32, 32, 128, 128, 64, 8, 8, warp_m=8, warp_n=4, stages=s,
+                         a_tile=t) for s in (1, 2, 3) for t in ("tk", "tm")]
+
+
+def test_compile_ahead_once_a_kernel(tmp_path, monkeypatch):
+    log = tmp_path / "compiled.txt"
+    monkeypatch.setenv("NMGEN_TEST_COMPILE_LOG", str(log))
+    configs = _configs()
+    with timing.CompilePool(2, ahead_workers=2, compile_one=_fake_compile) as pool:
+        assert pool.ahead(configs[:4]) == 4
+        assert pool.ahead(configs[:2]) == 0  # queued already
+        errors = pool.compile(configs[2:])  # two under way ahead, two not
+    compiled = log.read_text().split()
+    assert sorted(compiled) == sorted(c.name for c in configs)  # each exactly once
+    assert sorted(e.split(":")[0] for e in errors) == sorted(
+        c.name for c in configs if c.stages == 2)  # failures compiled ahead are reported
+
+
+def test_no_ahead_processes_no_ahead_compiles(tmp_path, monkeypatch):
+    log = tmp_path / "compiled.txt"
+    monkeypatch.setenv("NMGEN_TEST_COMPILE_LOG", str(log))
+    with timing.CompilePool(1, ahead_workers=0, compile_one=_fake_compile) as pool:
+        assert pool.ahead(_configs()) == 0
+        assert pool.compile(_configs()[:1]) == []
+    assert log.read_text().split() == [_configs()[0].name]

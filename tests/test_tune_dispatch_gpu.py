@@ -24,13 +24,24 @@ def tuned_db(tmp_path_factory):
     info = device_info()
     gpu = GPUS[gpu_of_device_name(info.name)]
     url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'tuned.db'}"
-    tuner = Tuner(connect(url), url, trials=10, batch=5, workers=4)
-    reports = [tuner.tune(TuneTask(gpu, 4, 8, 16, ALayout.ROW_MAJOR, *s)) for s in SHAPES]
-    return url, reports
+    tuner = Tuner(connect(url), url, trials=10, batch=5, workers=4, ahead_workers=2)
+    tasks = [TuneTask(gpu, 4, 8, 16, ALayout.ROW_MAJOR, *s) for s in SHAPES]
+    queued = tuner.compile_ahead(tasks[1:])  # the second study's seeds, during the first
+    reports = [tuner.tune(task) for task in tasks]
+    ahead = dict(tuner._compile_pool._ahead)
+    tuner.close()
+    return url, reports, queued, ahead
+
+
+def test_seeds_compiled_ahead_and_finalists_timed_again(tuned_db):
+    _, reports, queued, ahead = tuned_db
+    assert queued > 0 and len(ahead) == queued
+    assert all(f.done() and f.result() is None for f in ahead.values())
+    assert all("confirm" in r.phases.seconds for r in reports)
 
 
 def test_tune_finds_a_correct_winner_and_resumes(tuned_db):
-    url, reports = tuned_db
+    url, reports, *_ = tuned_db
     for report in reports:
         assert report.trials >= 10 and report.winner is not None
         assert report.winner.config.n == 4 and report.winner.time_ms > 0
@@ -44,7 +55,7 @@ def test_trials_record_status_and_model(tuned_db):
     from nmgen.gpu.launch import device_info
     from nmgen.tuner import TuneTask
 
-    url, reports = tuned_db
+    url, reports, *_ = tuned_db
     info = device_info()
     key = reports[0].task.key(info.name, info.cuda_version, template_hash())
     trials = trials_of(connect(url), key)
@@ -57,7 +68,7 @@ def test_trials_record_status_and_model(tuned_db):
 def test_dispatch_cupy_matches_reference(tuned_db, shape):
     import cupy as cp
 
-    url, _ = tuned_db
+    url, *_ = tuned_db
     dispatcher = Dispatcher([url])
     rows, cols, depth = shape
     rng = np.random.default_rng()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import statistics
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from multiprocessing import get_context
 from typing import Any
 
@@ -74,27 +74,70 @@ def _compile_one(config_json: str) -> str | None:
     return None
 
 
+def _outcome(name: str, future: Future) -> str | None:
+    try:
+        return future.result()
+    except Exception as exc:  # the process died: the kernel is reported, not the tuner
+        return f"{name}: {type(exc).__name__}: {exc}"
+
+
 class CompilePool:
     """Worker processes that compile through NVRTC ahead of timing, started once and
-    reused (starting a process that imports CuPy costs seconds)."""
+    reused (starting a process that imports CuPy costs seconds).
 
-    def __init__(self, workers: int = 8):
+    ``ahead_workers`` more processes compile what is needed next (``ahead``: the seeds of
+    the studies after the current one) while the current study is compiled and timed:
+    tuning is compile-bound and one study's batch leaves most of the host's cores idle.
+    ``compile`` waits for a kernel already under way ahead instead of compiling it twice.
+    """
+
+    def __init__(self, workers: int = 8, ahead_workers: int = 0,
+                 compile_one: Callable[[str], str | None] = _compile_one):
         self.workers = workers
+        self.ahead_workers = ahead_workers
+        self._compile_one = compile_one  # a module-level function (it crosses processes)
         self._pool: ProcessPoolExecutor | None = None
+        self._ahead_pool: ProcessPoolExecutor | None = None
+        self._ahead: dict[str, Future] = {}
 
     def compile(self, configs: Sequence[KernelConfig]) -> list[str]:
         """Compile ``configs``; return the errors (empty when none)."""
-        jobs = [c.to_json() for c in configs]
+        waiting = [(c.name, self._ahead[c.name]) for c in configs if c.name in self._ahead]
+        jobs = [c.to_json() for c in configs if c.name not in self._ahead]
         if self.workers <= 1 or len(jobs) <= 1:
-            return [e for e in map(_compile_one, jobs) if e]
+            errors = list(map(self._compile_one, jobs))
+        else:
+            errors = list(self._executor().map(self._compile_one, jobs))
+        errors += [_outcome(name, future) for name, future in waiting]
+        return [e for e in errors if e]
+
+    def ahead(self, configs: Sequence[KernelConfig]) -> int:
+        """Queue ``configs`` for the ahead processes (none: nothing happens); returns how
+        many were new."""
+        if self.ahead_workers <= 0:
+            return 0
+        if self._ahead_pool is None:
+            self._ahead_pool = ProcessPoolExecutor(self.ahead_workers,
+                                                   mp_context=get_context("spawn"))
+        new = [c for c in dict.fromkeys(configs) if c.name not in self._ahead]
+        for config in new:
+            self._ahead[config.name] = self._ahead_pool.submit(self._compile_one,
+                                                               config.to_json())
+        return len(new)
+
+    def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(self.workers, mp_context=get_context("spawn"))
-        return [e for e in self._pool.map(_compile_one, jobs) if e]
+        return self._pool
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+        if self._ahead_pool is not None:
+            self._ahead_pool.shutdown(cancel_futures=True)
+            self._ahead_pool = None
+            self._ahead.clear()
 
     def __enter__(self) -> CompilePool:
         return self
