@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -235,13 +234,10 @@ class GpuMeasurer:
         """Median of ``rounds`` timings of each (already checked) configuration, taken in
         turns so that a drift of the clocks touches every finalist alike."""
         from .gpu.launch import Kernel
+        from .gpu.timing import time_in_turns
 
-        kernels = {c.name: Kernel(c) for c in configs}
-        samples: dict[str, list[float]] = {name: [] for name in kernels}
-        for _ in range(rounds):
-            for name, kernel in kernels.items():
-                samples[name].append(self._bench.time_ms(kernel))
-        return {name: statistics.median(v) for name, v in samples.items()}
+        return time_in_turns({c.name: self._bench.launcher(Kernel(c)) for c in configs},
+                             rounds=rounds, repeat=15)
 
 
 class ModelMeasurer:

@@ -97,3 +97,14 @@ def test_no_ahead_processes_no_ahead_compiles(tmp_path, monkeypatch):
         assert pool.ahead(_configs()) == 0
         assert pool.compile(_configs()[:1]) == []
     assert log.read_text().split() == [_configs()[0].name]
+
+
+@pytest.mark.gpu
+def test_time_in_turns_times_each_alike():
+    import numpy as np
+
+    def wait(us: int):
+        return lambda i: timing._wait_kernel()((1,), (1,), (np.uint64(us * 1000),))
+
+    times = timing.time_in_turns({"short": wait(100), "long": wait(300)}, rounds=3, repeat=5)
+    assert 0.095 <= times["short"] < 0.15 and 0.295 <= times["long"] < 0.35, times

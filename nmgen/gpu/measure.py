@@ -8,6 +8,7 @@ buffers when the working set fits in L2 (DESIGN §4).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -78,7 +79,10 @@ class ProblemBench:
         err = float(cp.linalg.norm(diff)) / self._ref_norm
         return err if np.isfinite(err) else float("inf")
 
-    def time_ms(self, kernel: Kernel, warmup: int = 3, repeat: int = 15) -> float:
+    def launcher(self, kernel: Kernel) -> Callable[[int], object]:
+        """``fn(i)``: one launch of ``kernel`` on the ``i``-th A buffer (rotating)."""
         buffers = self.a_buffers
-        return time_ms(lambda i: kernel(buffers[i % len(buffers)], self.weight, out=self.out),
-                       warmup=warmup, repeat=repeat)
+        return lambda i: kernel(buffers[i % len(buffers)], self.weight, out=self.out)
+
+    def time_ms(self, kernel: Kernel, warmup: int = 3, repeat: int = 15) -> float:
+        return time_ms(self.launcher(kernel), warmup=warmup, repeat=repeat)
