@@ -83,7 +83,8 @@ class ReplayMeasurer:
             return record.status, record.ms, None
         return record.status, INFEASIBLE_MS, "recorded as " + record.status
 
-    def retime(self, configs: list[KernelConfig], rounds: int) -> dict[str, float]:
+    def retime(self, configs: list[KernelConfig], rounds: int, repeat: int
+               ) -> dict[str, float]:
         """A table holds one time a configuration: timing again reads it again."""
         return {c.name: self._table[c.name].ms for c in configs}
 

@@ -60,6 +60,7 @@ SEEDS_FROM_TUNED = 3
 # up to 78 % on short problems); the hand-picked core kernel is always among them.
 FINALISTS = 3
 FINAL_ROUNDS = 3
+FINAL_BUDGET_MS = 200.0  # GPU time a confirmation aims at: big problems get fewer repeats
 AHEAD_STUDIES = 3  # studies whose seeds compile ahead, in the spare processes
 
 
@@ -230,14 +231,15 @@ class GpuMeasurer:
         except Exception as exc:  # a kernel that fails to launch is a result, not a crash
             return TrialStatus.LAUNCH_ERROR, INFEASIBLE_MS, f"{type(exc).__name__}: {exc}"
 
-    def retime(self, configs: list[KernelConfig], rounds: int) -> dict[str, float]:
-        """Median of ``rounds`` timings of each (already checked) configuration, taken in
-        turns so that a drift of the clocks touches every finalist alike."""
+    def retime(self, configs: list[KernelConfig], rounds: int, repeat: int
+               ) -> dict[str, float]:
+        """Median of ``rounds`` timings (``repeat`` calls each) of each (already checked)
+        configuration, taken in turns so that a drift of the clocks touches all alike."""
         from .gpu.launch import Kernel
         from .gpu.timing import time_in_turns
 
         return time_in_turns({c.name: self._bench.launcher(Kernel(c)) for c in configs},
-                             rounds=rounds, repeat=15)
+                             rounds=rounds, repeat=repeat)
 
 
 class ModelMeasurer:
@@ -256,7 +258,8 @@ class ModelMeasurer:
     def measure(self, config: KernelConfig, model_ms: float) -> Outcome:
         return TrialStatus.MODEL, model_ms, None
 
-    def retime(self, configs: list[KernelConfig], rounds: int) -> dict[str, float]:
+    def retime(self, configs: list[KernelConfig], rounds: int, repeat: int
+               ) -> dict[str, float]:
         """The model gives the same estimate every time."""
         t = self._task
         return {c.name: estimate(c, t.gpu, t.rows, t.cols, t.depth).time_ms for c in configs}
@@ -399,8 +402,15 @@ class Tuner:
             finalists.update((name, params) for _, name, params in good if name == core.name)
         if len(finalists) < 2:
             return {}
-        times = measurer.retime([KernelConfig.from_dict(p) for p in finalists.values()],
-                                FINAL_ROUNDS)
+        slowest = max(t for t, name, _ in good if name in finalists)
+        repeat = int(FINAL_BUDGET_MS / (len(finalists) * FINAL_ROUNDS * max(slowest, 1e-3)))
+        try:
+            times = measurer.retime([KernelConfig.from_dict(p) for p in finalists.values()],
+                                    FINAL_ROUNDS, max(3, min(15, repeat)))
+        except Exception as exc:  # the earlier timings stand; the tuning goes on
+            self.log(f"{self.study_name(task)}: finalists not timed again: "
+                     f"{type(exc).__name__}: {exc}")
+            return {}
         update_times(self.engine, measurer.key, times)
         return times
 
