@@ -67,10 +67,11 @@ AHEAD_STUDIES = 3  # studies whose seeds compile ahead, in the spare processes
 def default_ahead_workers(compile_workers: int) -> int:
     """Compile processes left over on this host once every local worker (the
     ``NMGEN_LOCAL_WORKERS`` that ``--devices`` starts) has its ``compile_workers`` and a
-    core of its own."""
+    core of its own; no more than ``compile_workers`` (three studies' seeds are ~30
+    kernels: more processes would mostly wait)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     local = max(1, int(os.environ.get("NMGEN_LOCAL_WORKERS", "1")))
-    return max(0, (cpus or 1) // local - compile_workers - 1)
+    return max(0, min(compile_workers, (cpus or 1) // local - compile_workers - 1))
 
 
 @dataclass(frozen=True)

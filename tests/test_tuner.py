@@ -106,3 +106,14 @@ def test_finalists_timed_again_before_one_wins(tmp_path):
     assert core in confirmed
     assert len(confirmed) <= FINALISTS + 1 and slow not in confirmed
     assert times.winner.config.name == again.config.name
+
+
+def test_ahead_processes_share_the_host(monkeypatch):
+    from nmgen import tuner
+
+    for cpus, local, ahead in ((16, 1, 7), (32, 1, 8), (32, 2, 7), (64, 2, 8), (2, 1, 0),
+                               (32, 8, 0)):
+        monkeypatch.setattr(tuner.os, "sched_getaffinity", lambda pid, n=cpus: range(n),
+                            raising=False)
+        monkeypatch.setenv("NMGEN_LOCAL_WORKERS", str(local))
+        assert tuner.default_ahead_workers(8) == ahead, (cpus, local)
