@@ -151,8 +151,10 @@ def _tell(study: optuna.Study, trial: optuna.Trial, value: float, violation: flo
     study.tell(trial, value)
 
 
-def model_seeds(task: TuneTask, count: int) -> list[KernelConfig]:
-    """The model's best feasible configurations (split-K 1 and the best split)."""
+@functools.lru_cache(maxsize=1024)
+def model_seeds(task: TuneTask, count: int) -> tuple[KernelConfig, ...]:
+    """The model's best feasible configurations (split-K 1 and the best split); cached,
+    as a study's seeds are asked for ahead of it (compile ahead) and again when it runs."""
     candidates = list(enumerate_configs(task.problem))
     if task.a_layout is ALayout.ROW_MAJOR:  # landing tiles: rarely the best (core grid)
         candidates = [c for c in candidates if c.a_tile is not ATile.K_MAJOR] or candidates
@@ -174,7 +176,7 @@ def model_seeds(task: TuneTask, count: int) -> list[KernelConfig]:
         best_split = rank(splits, task.gpu, task.rows, task.cols, task.depth)
         if best_split and best_split[0][0] < ranked[0][0]:
             seeds.insert(1, best_split[0][1])
-    return seeds[:count]
+    return tuple(seeds[:count])
 
 
 # ------------------------------------------------------------------ measuring
@@ -219,7 +221,7 @@ class GpuMeasurer:
 
     def measure(self, config: KernelConfig, model_ms: float) -> Outcome:
         from .gpu.launch import Kernel
-        from .gpu.measure import RTOL
+        from .results import RTOL
 
         if config.name in self._errors:
             return TrialStatus.COMPILE_ERROR, INFEASIBLE_MS, self._errors[config.name]
@@ -320,7 +322,6 @@ class Tuner:
     seed: int = 0
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)
     _compile_pool: Any = None
-    _model_seeds: dict = field(default_factory=dict)  # TuneTask -> its model seeds
     _ahead_done: set = field(default_factory=set)  # study names whose seeds are queued
 
     def study_name(self, task: TuneTask) -> str:
@@ -503,8 +504,9 @@ class Tuner:
 
     def seeds(self, task: TuneTask, key: ProblemKey) -> list[KernelConfig]:
         """What a study tries first, in this order: the core benchmark's hand-picked
-        configuration (so no tuned shape is slower than it), the winners of the nearest
-        shapes already tuned, then the model's best guesses."""
+        configuration (the reference no tuned shape should fall below; ``confirm`` times
+        it again beside the finalists), the winners of the nearest shapes already tuned,
+        then the model's best guesses."""
         shape = (task.rows, task.cols, task.depth)
         status = TrialStatus.MODEL if self.dry_run else TrialStatus.OK
         nearest = sorted(((s, w) for s, w in best_per_problem(self.engine, key, status).items()
@@ -512,9 +514,7 @@ class Tuner:
                          key=lambda sw: (shape_distance(sw[0], shape), sw[1].config.name))
         neighbours = list(dict.fromkeys(w.config for _, w in nearest))[:SEEDS_FROM_TUNED]
         core = core_config(task.problem)
-        if task not in self._model_seeds:
-            self._model_seeds[task] = model_seeds(task, SEEDS_FROM_MODEL)
-        seeds = ([core] if core else []) + neighbours + self._model_seeds[task]
+        seeds = [*([core] if core else []), *neighbours, *model_seeds(task, SEEDS_FROM_MODEL)]
         return [c for c in dict.fromkeys(seeds) if in_space(c)]
 
     @staticmethod

@@ -54,8 +54,9 @@ def main() -> None:
 
     from nmgen.gpu.dense import Dense, dense_gemm
     from nmgen.gpu.launch import Kernel, device_info
-    from nmgen.gpu.measure import RTOL, ProblemBench
+    from nmgen.gpu.measure import ProblemBench
     from nmgen.gpu.timing import time_ms
+    from nmgen.results import RTOL
 
     arch = device_info().arch
     configs = [core_config(Problem(n, m, 32, layout, arch)) for n, m, layout in CORE_BEST]

@@ -16,14 +16,13 @@ from ..dispatch import Dispatcher, problem_key
 from ..format import NMMatrix, Pattern
 from ..model import GPUS, estimate, gpu_spec
 from ..results import RTOL, BenchRow
+from ..shapes import Shape
 from ..space import Problem, core_config
 from . import measure
 from .ceilings import Ceilings, measure_ceilings
 from .dense import Dense, dense_gemm
 from .launch import _cupy, device_info
 from .timing import CompilePool, time_in_turns, time_ms
-
-Shape = tuple[int, int, int]
 
 
 def _spec(gpu: str):
@@ -109,12 +108,12 @@ def _one(dispatcher: Dispatcher, a, p: Pattern, vec: int, shape: Shape, dense: d
     b = random_weight(p.n, p.m, vec, depth, cols)
     out = cp.full((rows_m, cols), cp.nan, cp.float32)  # poisoned: a skipped write shows
     ref = a.astype(cp.float64) @ dense_float64(b)
-    err = _error(lambda: dispatcher(a, b, out=out), out, ref)
+    err = measure.poisoned_error(lambda: dispatcher(a, b, out=out), out, ref)
     timed = {"dispatch": lambda i: dispatcher(a, b, out=out)}
     core = _core(p, vec)
     if core is not None:  # the hand-picked kernel on the same data, checked the same way
         kernel = dispatcher.kernel(core)
-        core_err = _error(lambda: kernel(a, b, out=out), out, ref)
+        core_err = measure.poisoned_error(lambda: kernel(a, b, out=out), out, ref)
         if not core_err < RTOL:
             raise RuntimeError(f"{core.name} is wrong on {rows_m}x{cols}x{depth}: "
                                f"relative error {core_err:.3g}")
@@ -129,12 +128,3 @@ def _one(dispatcher: Dispatcher, a, p: Pattern, vec: int, shape: Shape, dense: d
     return BenchRow(f"{p.n}:{p.m}", vec, rows_m, cols, depth, ms, dense[Dense.SGEMM],
                     dense[Dense.TF32], dense[Dense.BF16], model_ms, err, decision.source,
                     decision.config.name, core_ms, core.name if core else "")
-
-
-def _error(launch: Callable[[], object], out, ref) -> float:
-    """Relative error of ``launch``'s product in ``out`` (poisoned first) against ``ref``."""
-    cp = _cupy()
-    out.fill(cp.nan)
-    launch()
-    err = float(cp.linalg.norm(out - ref) / max(float(cp.linalg.norm(ref)), 1e-30))
-    return err if np.isfinite(err) else float("inf")
