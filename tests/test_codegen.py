@@ -52,3 +52,13 @@ def test_render_is_deterministic():
 def test_layout_selects_the_loader(layout):
     code = nmgen.render(nmgen.KernelConfig(2, 4, 8, 64, 64, 16, 4, 4, a_layout=layout)).code
     assert f"A_ROW_MAJOR = {'true' if layout is ALayout.ROW_MAJOR else 'false'}" in code
+
+
+@pytest.mark.parametrize(("a_tile", "ws", "unroll"), [
+    ("tm", 8, 8), ("tm", 32, 16), ("tr", 32, 32), ("tk", 24, 16)])
+def test_row_loop_unroll(a_tile, ws, unroll):
+    # 8:32 with KS = 4 * ws: ws compressed rows a stage.
+    config = nmgen.KernelConfig(8, 32, 32, 128, 128, 4 * ws, 8, 8, a_tile=a_tile)
+    assert config.ws == ws
+    code = nmgen.render(config).code
+    assert f"#pragma unroll {unroll}\n    for (int w = 0; w < WS; ++w)" in code
