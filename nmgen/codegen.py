@@ -71,6 +71,13 @@ def template_text(family: Family) -> str:
     return _load_template(TEMPLATE_OF_FAMILY[family])
 
 
+def generator_text(family: Family) -> str:
+    """What turns a configuration into source beside the configuration itself: its
+    family's template and this module (unrolls, template arguments). Tuned records are
+    keyed on its hash, so that changing either orphans timings of code no longer built."""
+    return template_text(family) + Path(__file__).read_text()
+
+
 def row_unroll(config: KernelConfig) -> int:
     """How far the compute loop over a stage's ``ws`` compressed rows is unrolled."""
     if config.staged:

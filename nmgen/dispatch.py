@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .codegen import template_text
+from .codegen import generator_text
 from .config import ALayout, Family, KernelConfig
 from .db import ProblemKey, best_per_problem, connect, shipped_db
 from .format import NMMatrix
@@ -29,7 +29,9 @@ from .space import Problem, enumerate_configs
 
 @functools.cache
 def template_hash(family: Family = Family.F32_SIMT) -> str:
-    return hashlib.sha256(template_text(family).encode()).hexdigest()
+    """The records' generator key: the template and the code generator (see
+    ``codegen.generator_text``)."""
+    return hashlib.sha256(generator_text(family).encode()).hexdigest()
 
 
 @dataclass

@@ -75,3 +75,18 @@ def test_layout_of_arrays():
     assert of(np.zeros((7, 5), np.float32).T).value == "km"
     with pytest.raises(ValueError, match="neither dimension"):
         of(np.zeros((6, 8), np.float32)[::2, ::2])
+
+
+def test_records_are_keyed_on_the_template_and_the_generator():
+    import hashlib
+    from pathlib import Path
+
+    from nmgen import codegen
+    from nmgen.config import Family
+    from nmgen.dispatch import template_hash
+
+    text = codegen.template_text(Family.F32_SIMT) + Path(codegen.__file__).read_text()
+    assert template_hash() == hashlib.sha256(text.encode()).hexdigest()
+    # an unroll or any other code-generation change orphans the old timings
+    assert template_hash() != hashlib.sha256(
+        codegen.template_text(Family.F32_SIMT).encode()).hexdigest()
