@@ -220,7 +220,7 @@ class KernelConfig:
         next are issued, so STAGES-1 of them (one for a single stage)."""
         return max(1, self.stages - 1) if self.landing else 0
 
-    @property
+    @functools.cached_property  # asked for by several rules and by the model
     def registers_estimate(self) -> int:
         """Registers per thread: accumulators, an A fragment per column group and a B
         fragment, addressing and loop state (the model's estimate; the nvcc tests keep it
@@ -262,7 +262,7 @@ class KernelConfig:
     def landing_words(self) -> int:
         return self.ms * self.landing_stride
 
-    @property
+    @functools.cached_property
     def smem_bytes(self) -> int:
         """Dynamic shared memory per block."""
         return 4 * (self.stages * sum(self.stage_words) + self.landing_tiles * self.landing_words

@@ -486,6 +486,7 @@ class Tuner:
 
         if self._compile_pool is None:
             self._compile_pool = CompilePool(self.workers, self.ahead_workers)
+            self._compile_pool.start()  # while the first study is set up
         return self._compile_pool
 
     def close(self) -> None:

@@ -60,7 +60,7 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
             if time.monotonic() - start >= time_budget_s:
                 break
             if sum(tuner.open_work(task)) == 0:  # untouched, here or by another worker
-                tuner.compile_ahead(order[i + 1:i + 1 + AHEAD_STUDIES])
+                tuner.compile_ahead(order[i:i + 1 + AHEAD_STUDIES])
                 tune(task, 0.0, f"first pass {i + 1}/{len(order)}")
     while True:
         open_tasks = [t for t in order if sum(tuner.open_work(t)) < tuner.trials]
@@ -71,7 +71,7 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
             if sum(tuner.open_work(task)) >= tuner.trials:  # filled by others meanwhile
                 continue
             done = len(tasks) - len(open_tasks) + i - 1
-            tuner.compile_ahead(open_tasks[i:i + AHEAD_STUDIES])
+            tuner.compile_ahead(open_tasks[i - 1:i + AHEAD_STUDIES])
             tune(task, left / (len(open_tasks) - i + 1), f"{done} of {len(tasks)} done or taken")
         unfinished = [t for t in order if tuner.open_work(t)[0] < tuner.trials]
         out_of_time = time.monotonic() - start >= time_budget_s

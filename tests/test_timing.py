@@ -64,7 +64,7 @@ def _fake_compile(config_json: str) -> str | None:
 
     name = KernelConfig.from_json(config_json).name
     with open(os.environ["NMGEN_TEST_COMPILE_LOG"], "a") as log:
-        log.write(name + "\n")
+        log.write(f"{name} {os.getpid()}\n")
     time.sleep(0.2)
     return f"{name}: failed (test)" if "_s2_" in name else None
 
@@ -84,7 +84,7 @@ def test_compile_ahead_once_a_kernel(tmp_path, monkeypatch):
         assert pool.ahead(configs[:4]) == 4
         assert pool.ahead(configs[:2]) == 0  # queued already
         errors = pool.compile(configs[2:])  # two under way ahead, two not
-    compiled = log.read_text().split()
+    compiled = log.read_text().split()[::2]
     assert sorted(compiled) == sorted(c.name for c in configs)  # each exactly once
     assert sorted(e.split(":")[0] for e in errors) == sorted(
         c.name for c in configs if c.stages == 2)  # failures compiled ahead are reported
@@ -96,7 +96,22 @@ def test_no_ahead_processes_no_ahead_compiles(tmp_path, monkeypatch):
     with timing.CompilePool(1, ahead_workers=0, compile_one=_fake_compile) as pool:
         assert pool.ahead(_configs()) == 0
         assert pool.compile(_configs()[:1]) == []
-    assert log.read_text().split() == [_configs()[0].name]
+    assert log.read_text().split()[::2] == [_configs()[0].name]
+
+
+def test_queued_ahead_but_not_started_compiles_in_the_batch_pool(tmp_path, monkeypatch):
+    log = tmp_path / "compiled.txt"
+    monkeypatch.setenv("NMGEN_TEST_COMPILE_LOG", str(log))
+    configs = _configs()
+    with timing.CompilePool(3, ahead_workers=1, compile_one=_fake_compile) as pool:
+        pool.start()
+        assert pool.ahead(configs) == len(configs)
+        errors = pool.compile(configs)  # one process ahead: most are still queued there
+    lines = [line.split() for line in log.read_text().splitlines()]
+    assert sorted(name for name, _ in lines) == sorted(c.name for c in configs)  # once each
+    assert len({pid for _, pid in lines}) >= 3  # the batch pool took the queued ones
+    assert sorted(e.split(":")[0] for e in errors) == sorted(
+        c.name for c in configs if c.stages == 2)
 
 
 @pytest.mark.gpu

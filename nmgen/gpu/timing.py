@@ -3,6 +3,7 @@ compiling many kernels ahead of timing in a process pool."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 from collections.abc import Callable, Sequence
@@ -86,6 +87,12 @@ def _compile_one(config_json: str) -> str | None:
     return None
 
 
+def _warm() -> None:
+    """Worker: load CuPy, so that a process's first kernel does not pay for it."""
+    with contextlib.suppress(ImportError):  # the CPU tests' fake compilers need none
+        _cupy()
+
+
 def _outcome(name: str, future: Future) -> str | None:
     try:
         return future.result()
@@ -100,7 +107,9 @@ class CompilePool:
     ``ahead_workers`` more processes compile what is needed next (``ahead``: the seeds of
     the studies after the current one) while the current study is compiled and timed:
     tuning is compile-bound and one study's batch leaves most of the host's cores idle.
-    ``compile`` waits for a kernel already under way ahead instead of compiling it twice.
+    ``compile`` waits for a kernel already under way ahead instead of compiling it twice,
+    and takes back the ones still queued there, so that a study's first batch, queued
+    ahead, gets both pools' processes.
     """
 
     def __init__(self, workers: int = 8, ahead_workers: int = 0,
@@ -114,6 +123,10 @@ class CompilePool:
 
     def compile(self, configs: Sequence[KernelConfig]) -> list[str]:
         """Compile ``configs``; return the errors (empty when none)."""
+        for config in configs:  # queued ahead but not started: compiled here instead
+            future = self._ahead.get(config.name)
+            if future is not None and future.cancel():
+                del self._ahead[config.name]
         waiting = [(c.name, self._ahead[c.name]) for c in configs if c.name in self._ahead]
         jobs = [c.to_json() for c in configs if c.name not in self._ahead]
         if self.workers <= 1 or len(jobs) <= 1:
@@ -123,19 +136,32 @@ class CompilePool:
         errors += [_outcome(name, future) for name, future in waiting]
         return [e for e in errors if e]
 
+    def start(self) -> None:
+        """Start every process now (each loads CuPy, seconds), so that this overlaps with
+        the caller's own set-up instead of delaying the first batch."""
+        for count, executor in ((self.workers, self._executor()),
+                                (self.ahead_workers, self._ahead_executor())):
+            for _ in range(count if executor is not None else 0):
+                executor.submit(_warm)
+
     def ahead(self, configs: Sequence[KernelConfig]) -> int:
         """Queue ``configs`` for the ahead processes (none: nothing happens); returns how
         many were new."""
-        if self.ahead_workers <= 0:
+        pool = self._ahead_executor()
+        if pool is None:
             return 0
+        new = [c for c in dict.fromkeys(configs) if c.name not in self._ahead]
+        for config in new:
+            self._ahead[config.name] = pool.submit(self._compile_one, config.to_json())
+        return len(new)
+
+    def _ahead_executor(self) -> ProcessPoolExecutor | None:
+        if self.ahead_workers <= 0:
+            return None
         if self._ahead_pool is None:
             self._ahead_pool = ProcessPoolExecutor(self.ahead_workers,
                                                    mp_context=get_context("spawn"))
-        new = [c for c in dict.fromkeys(configs) if c.name not in self._ahead]
-        for config in new:
-            self._ahead[config.name] = self._ahead_pool.submit(self._compile_one,
-                                                               config.to_json())
-        return len(new)
+        return self._ahead_pool
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
