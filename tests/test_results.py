@@ -59,6 +59,16 @@ def test_summary_against_the_core_kernel():
     assert summary(ROWS[:1])[0]["core_shapes"] == 0
 
 
+def test_the_same_kernel_as_core_is_not_counted_slower():
+    """Timed twice, one kernel differs from itself by noise: not a slower tuned kernel."""
+    same = BenchRow("8:32", 32, 1024, 4096, 4096, 0.2010, 0.64, 0.1, 0.05, 0.2, 2e-7,
+                    "exact", "cfg_core", 0.2000, "cfg_core")
+    (s,) = summary([ROWS[1], same])
+    assert s["core_shapes"] == 2 and s["core_same_kernel"] == 1
+    assert s["slower_than_core"] == 0 and s["vs_core_min_other"] == pytest.approx(1.1)
+    assert s["vs_core_min"] == pytest.approx(0.2 / 0.201)  # still shown among all shapes
+
+
 def test_csv_without_core_columns_still_reads(tmp_path):
     path = tmp_path / "old.csv"
     fields = [f for f in FIELDS if not f.startswith("core")]
