@@ -114,6 +114,8 @@ def _valid_configs(problem: Problem) -> Iterator[KernelConfig]:
                              NT_CHOICES, WARP_LAYOUTS, (False, True), STAGE_CHOICES,
                              tile_choices(problem))
     for ms, ns, ks, mt, nt, (warp_m, warp_n), packing, stages, a_tile in grid:
+        if ms % (mt * warp_m) or ns % (nt * warp_n):  # the warps do not tile the block:
+            continue  # skipped before KernelConfig (which would refuse it) costs ~30 us
         config = try_config(problem, ms=ms, ns=ns, ks=ks, mt=mt, nt=nt, warp_m=warp_m,
                             warp_n=warp_n, packing=packing, stages=stages, a_tile=a_tile)
         if config is not None:

@@ -77,3 +77,20 @@ def test_space_holds_only_valid_configs():
     assert len(configs) > 1000
     assert len({c.name for c in configs}) == len(configs)
     assert all(c.smem_bytes <= c.arch.max_smem_per_block for c in configs)
+
+
+def test_space_skips_nothing_valid():
+    """The enumeration skips tiles its warps cannot cover before building them; what it
+    keeps must be exactly every valid point of the grid, in the grid's order."""
+    import itertools
+
+    from nmgen import space
+
+    problem = Problem(2, 4, 8, a_layout=ALayout.K_MAJOR)
+    grid = itertools.product(space.MS_CHOICES, space.NS_CHOICES, space.ks_choices(4),
+                             space.MT_CHOICES, space.NT_CHOICES, space.WARP_LAYOUTS,
+                             (False, True), space.STAGE_CHOICES, space.tile_choices(problem))
+    every = [space.try_config(problem, ms=ms, ns=ns, ks=ks, mt=mt, nt=nt, warp_m=wm,
+                              warp_n=wn, packing=p, stages=st, a_tile=t)
+             for ms, ns, ks, mt, nt, (wm, wn), p, st, t in grid]
+    assert enumerate_configs(problem) == tuple(c for c in every if c is not None)
