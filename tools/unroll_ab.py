@@ -8,6 +8,7 @@ is checked against float64 (NaN-poisoned output) before it is timed; cuBLAS SGEM
 in the same process.
 
     python tools/unroll_ab.py --out results/unroll_h100
+    python tools/unroll_ab.py --nvcc-only > results/unroll_h100/nvcc_seconds.txt   # no GPU
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nmgen.codegen import KernelSource, render  # noqa: E402
+from nmgen.config import Arch  # noqa: E402
 from nmgen.report import markdown_table  # noqa: E402
 from nmgen.space import CORE_BEST, Problem, core_config  # noqa: E402
 
@@ -43,12 +45,44 @@ def _compile(code: str) -> None:
     cp.RawModule(code=code, options=NVRTC_OPTIONS, backend="nvrtc").compile()
 
 
+def variants_of(arch: Arch, unrolls: list[int]) -> list[tuple]:
+    """(configuration, row unroll, source) for the core's best kernels (0: full)."""
+    configs = [core_config(Problem(n, m, 32, layout, arch)) for n, m, layout in CORE_BEST]
+    return [(c, u or c.ws, with_unroll(render(c), u or c.ws)) for c in configs
+            for u in unrolls]
+
+
+def nvcc_seconds(variants: list[tuple]) -> None:
+    """Wall time of a fresh nvcc compile of each variant (no GPU needed; the cache is a
+    throw-away folder, so nothing is reused)."""
+    import os
+    import tempfile
+    import time
+
+    from nmgen.compile import compile_with_nvcc
+
+    print("| configuration | row unroll | nvcc s |\n| --- | --- | --- |")
+    for config, unroll, source in variants:
+        with tempfile.TemporaryDirectory() as cache:
+            os.environ["NMGEN_CACHE_DIR"] = cache
+            start = time.perf_counter()
+            compile_with_nvcc(source)
+            print(f"| {config.name} | {unroll} | {time.perf_counter() - start:.2f} |",
+                  flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=4096)
     parser.add_argument("--unrolls", default="0,16,8,4", help="0: full (WS)")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--nvcc-only", action="store_true",
+                        help="time nvcc on each variant instead (sm_90, no GPU)")
     args = parser.parse_args()
+    unrolls = [int(u) for u in args.unrolls.split(",")]
+    if args.nvcc_only:
+        nvcc_seconds(variants_of(Arch.SM90, unrolls))
+        return
 
     import cupy as cp
 
@@ -58,11 +92,7 @@ def main() -> None:
     from nmgen.gpu.timing import time_ms
     from nmgen.results import RTOL
 
-    arch = device_info().arch
-    configs = [core_config(Problem(n, m, 32, layout, arch)) for n, m, layout in CORE_BEST]
-    unrolls = [int(u) for u in args.unrolls.split(",")]
-    variants = [(c, u or c.ws, with_unroll(render(c), u or c.ws)) for c in configs
-                for u in unrolls]
+    variants = variants_of(device_info().arch, unrolls)
     with ProcessPoolExecutor(16, mp_context=get_context("spawn")) as pool:
         list(pool.map(_compile, [v[2].code for v in variants]))
     s = args.size
