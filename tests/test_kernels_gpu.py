@@ -134,3 +134,25 @@ def test_bad_inputs_raise_clear_errors():
     torch = pytest.importorskip("torch")
     with pytest.raises(ValueError, match="CPU tensor"):
         kernel(torch.ones(10, 64), b)
+
+
+def test_checks_remembered_after_a_good_call_still_catch_bad_calls():
+    import cupy as cp
+
+    kernel = nmgen.Kernel(nmgen.KernelConfig(2, 4, 8, 32, 32, 16, 4, 4))
+    b = nmgen.prune(np.random.default_rng().standard_normal((64, 40)), "2:4", 8)
+    a = cp.random.standard_normal((10, 64), dtype=cp.float32)
+    out = cp.empty((10, 40), cp.float32)
+    kernel(a, b, out=out)  # shape, strides and dtypes of a and out now remembered
+    raw = cp.empty(10 * 64 + 1, cp.float32)
+    misaligned = cp.ndarray((10, 64), cp.float32, raw.data + 2, strides=a.strides)
+    assert misaligned.data.ptr % 4
+    with pytest.raises(ValueError, match="4-byte aligned"):  # same shape and strides
+        kernel(misaligned, b)
+    with pytest.raises(ValueError, match="is for 2:4"):  # same K, another pattern
+        kernel(a, nmgen.prune(np.ones((64, 40)), "1:4", 8))
+    with pytest.raises(ValueError, match="out has shape"):
+        kernel(a, b, out=cp.empty((10, 41), cp.float32))
+    if cp.cuda.runtime.getDeviceCount() > 1:
+        with cp.cuda.Device(1), pytest.raises(ValueError, match="current device"):
+            kernel(a, b, out=out)

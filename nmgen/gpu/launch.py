@@ -8,6 +8,7 @@ and PyTorch CUDA tensors both work; the output is of the same kind as ``a``.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 import time
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ NVRTC_OPTIONS = ("-std=c++17",)
 _LOCK = threading.Lock()
 
 
+@functools.cache  # on every launch: a cached call costs less than the import statement
 def _cupy() -> Any:
     try:
         import cupy
@@ -176,6 +178,10 @@ class Kernel:
         self.config = config
         self.source = render(config)
         self._functions: dict[int, tuple[Any, Any]] = {}
+        # What passed the checks of A and of out that do not change from call to call
+        # (shapes, strides, dtypes, the weight's pattern): the hot path looks them up.
+        self._a_checked: dict[tuple, tuple[int, int]] = {}
+        self._out_checked: set[tuple] = set()
 
     @property
     def name(self) -> str:
@@ -224,9 +230,9 @@ class Kernel:
     def run(self, a: Any, a_op: Operand, b: NMMatrix, out: Any, stream: Any) -> Any:
         """The launch, given ``a``'s operand already read (the dispatcher reads it)."""
         cp = _cupy()
-        m_rows, lda = _check_a(a_op, b, self.config)
+        m_rows, lda = self._check_a(a_op, b)
         n_cols = b.shape[1]
-        out, c_op = _output(out, a, a_op, (m_rows, n_cols))
+        out, c_op = _output(out, a, a_op, (m_rows, n_cols), self._out_checked)
         if m_rows == 0:
             return out
         key = ("plan", self.name, a_op.device, m_rows, lda, a_op.ptr % 16 == 0)
@@ -247,6 +253,28 @@ class Kernel:
         return out
 
 
+    def _check_a(self, a_op: Operand, b: NMMatrix) -> tuple[int, int]:
+        """``_check_a``, remembered for what it depends on but the pointer and the device,
+        which are checked on every call."""
+        if isinstance(b, NMMatrix):
+            key = (a_op.shape, a_op.strides, a_op.float32, b.n, b.m, b.vec, b.shape[0])
+            checked = self._a_checked.get(key)
+            if checked is not None:
+                _check_placement(a_op)
+                return checked
+            checked = self._a_checked[key] = _check_a(a_op, b, self.config)
+            return checked
+        return _check_a(a_op, b, self.config)  # raises
+
+
+def _check_placement(a: Operand) -> None:
+    current = _cupy().cuda.runtime.getDevice()
+    if a.device != current:
+        raise ValueError(f"a is on GPU {a.device} but the current device is {current}")
+    if a.ptr % 4:
+        raise ValueError("a's data pointer is not 4-byte aligned")
+
+
 def _check_a(a: Operand, b: NMMatrix, config: KernelConfig) -> tuple[int, int]:
     """Validate ``a`` (logical ``M×K``) against the weight and the kernel; return
     ``(M, lda)`` with ``lda`` in elements."""
@@ -263,11 +291,7 @@ def _check_a(a: Operand, b: NMMatrix, config: KernelConfig) -> tuple[int, int]:
     if k_dim != b.shape[0]:
         raise ValueError(f"a is {m_rows}×{k_dim} but b is {b.shape[0]}×{b.shape[1]}: "
                          "a's K must equal b's K")
-    current = _cupy().cuda.runtime.getDevice()
-    if a.device != current:
-        raise ValueError(f"a is on GPU {a.device} but the current device is {current}")
-    if a.ptr % 4:
-        raise ValueError("a's data pointer is not 4-byte aligned")
+    _check_placement(a)
     row_major = config.a_layout is ALayout.ROW_MAJOR
     inner, outer = (1, 0) if row_major else (0, 1)
     extent = k_dim if row_major else m_rows
@@ -279,8 +303,10 @@ def _check_a(a: Operand, b: NMMatrix, config: KernelConfig) -> tuple[int, int]:
     return m_rows, (a.strides[outer] // 4 if m_rows and k_dim else max(extent, 1))
 
 
-def _output(out: Any, a: Any, a_op: Operand, shape: tuple[int, int]) -> tuple[Any, Operand]:
-    """(what the caller gets, its operand): ``out`` checked, or a new array of ``a``'s kind."""
+def _output(out: Any, a: Any, a_op: Operand, shape: tuple[int, int],
+            checked: set[tuple] | None = None) -> tuple[Any, Operand]:
+    """(what the caller gets, its operand): ``out`` checked, or a new array of ``a``'s kind.
+    ``checked`` remembers what passed (shape, dtype, strides, devices)."""
     if out is None:
         if a_op.torch:
             import torch
@@ -291,6 +317,9 @@ def _output(out: Any, a: Any, a_op: Operand, shape: tuple[int, int]) -> tuple[An
             out = cp.empty(shape, np.float32)
         return out, operand(out, "out")
     c = operand(out, "out")
+    key = (c.shape, c.float32, c.strides, c.device, a_op.device, shape)
+    if checked is not None and key in checked:
+        return out, c
     if tuple(c.shape) != shape:
         raise ValueError(f"out has shape {tuple(c.shape)}; the product is "
                          f"{shape[0]}×{shape[1]}")
@@ -300,6 +329,8 @@ def _output(out: Any, a: Any, a_op: Operand, shape: tuple[int, int]) -> tuple[An
         raise ValueError("out must be C-contiguous (row-major M×N)")
     if c.device != a_op.device:
         raise ValueError(f"out is on GPU {c.device}, a on GPU {a_op.device}")
+    if checked is not None:
+        checked.add(key)
     return out, c
 
 
