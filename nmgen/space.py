@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from .config import ALayout, Arch, ATile, ConfigError, KernelConfig
 
 MS_CHOICES = (16, 32, 64, 128, 256)
-NS_CHOICES = (32, 64, 128, 256)
+NS_CHOICES = (32, 64, 128, 256, 512)  # 512 halves the A traffic a FLOP of 256
 MT_CHOICES = (4, 8, 16)
 NT_CHOICES = (4, 8, 16)
 WARP_LAYOUTS = ((8, 4), (4, 8), (16, 2), (2, 16), (32, 1), (1, 32))

@@ -31,6 +31,7 @@ NM_SPMM_SPEEDUP = {"16:32": 1.87, "12:32": 2.5, "8:32": 3.6, "4:32": 6.2}  # iss
 TILES = (  # MSxNSxMTxNTxWARP_MxWARP_N
     "128x128x8x8x8x4", "64x256x8x8x4x8", "128x256x8x8x8x4", "128x128x8x16x8x4",
     "128x256x16x8x8x4", "256x128x16x8x8x4", "128x128x16x8x8x4", "64x256x16x8x4x8",
+    "64x512x8x16x8x4",
 )
 KS_WINDOWS = (1, 2, 4)
 
