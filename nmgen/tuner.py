@@ -62,6 +62,10 @@ FINALISTS = 3
 FINAL_ROUNDS = 3
 FINAL_BUDGET_MS = 200.0  # GPU time a confirmation aims at: big problems get fewer repeats
 AHEAD_STUDIES = 3  # studies whose seeds compile ahead, in the spare processes
+# GPU time a trial's timing aims at: 15 calls of a short kernel, 3 of a 20 ms one (the
+# finalists are timed again anyway). Timing took 104-182 s of 361 s per pattern in the
+# sixth session's H100 runs, most of it on the largest shapes.
+TRIAL_BUDGET_MS = 50.0
 
 
 def default_ahead_workers(compile_workers: int) -> int:
@@ -230,7 +234,7 @@ class GpuMeasurer:
             err = self._bench.error(kernel)
             if not err < RTOL:
                 return TrialStatus.WRONG, INFEASIBLE_MS, f"relative error {err:.3g}"
-            return TrialStatus.OK, self._bench.time_ms(kernel), None
+            return TrialStatus.OK, self._bench.time_ms(kernel, budget_ms=TRIAL_BUDGET_MS), None
         except Exception as exc:  # a kernel that fails to launch is a result, not a crash
             return TrialStatus.LAUNCH_ERROR, INFEASIBLE_MS, f"{type(exc).__name__}: {exc}"
 

@@ -55,6 +55,24 @@ def test_queue_ahead_keeps_device_time_in():
     assert 0.195 <= timing.time_ms(device_wait, repeat=9) < 0.26
 
 
+@pytest.mark.gpu
+def test_budget_bounds_the_repeats_of_a_long_kernel():
+    import numpy as np
+
+    calls = []
+
+    def long_kernel(i: int) -> None:
+        calls.append(i)
+        timing._wait_kernel()((1,), (1,), (np.uint64(20_000_000),))  # 20 ms on the GPU
+
+    ms = timing.time_ms(long_kernel, warmup=1, repeat=15, budget_ms=50.0)
+    assert 19.5 <= ms < 22
+    assert len(calls) == 1 + 3  # one warm-up, then three 20 ms calls reach 50 ms
+    calls.clear()
+    timing.time_ms(lambda i: calls.append(i), warmup=0, repeat=15, budget_ms=50.0)
+    assert len(calls) == 15  # short calls: the repeat count decides
+
+
 def _fake_compile(config_json: str) -> str | None:
     """Stands in for NVRTC (absent on a CPU host): notes each compile in a file, slowly,
     and fails the two-stage kernels."""

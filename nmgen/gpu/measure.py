@@ -7,6 +7,7 @@ buffers when the working set fits in L2 (DESIGN §4).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from typing import Any
@@ -93,5 +94,7 @@ class ProblemBench:
         buffers = self.a_buffers
         return lambda i: kernel(buffers[i % len(buffers)], self.weight, out=self.out)
 
-    def time_ms(self, kernel: Kernel, warmup: int = 3, repeat: int = 15) -> float:
-        return time_ms(self.launcher(kernel), warmup=warmup, repeat=repeat)
+    def time_ms(self, kernel: Kernel, warmup: int = 3, repeat: int = 15,
+                budget_ms: float = math.inf) -> float:
+        return time_ms(self.launcher(kernel), warmup=warmup, repeat=repeat,
+                       budget_ms=budget_ms)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -40,11 +41,15 @@ def _wait_kernel() -> Any:
 
 
 def time_ms(fn: Callable[[int], object], warmup: int = 3, repeat: int = 20,
-            queue_ahead_us: float = QUEUE_AHEAD_US) -> float:
+            queue_ahead_us: float = QUEUE_AHEAD_US, budget_ms: float = math.inf,
+            min_repeat: int = 3) -> float:
     """Median milliseconds of ``fn(i)`` (``i`` lets the caller rotate inputs) on the device,
     timed with CUDA events on the current stream after ``warmup`` untimed calls. Each
     timed call is queued behind a ``queue_ahead_us`` wait on the GPU, so the host's cost
-    of making the call stays out of the figure (0: no wait, host gaps included)."""
+    of making the call stays out of the figure (0: no wait, host gaps included). Timing
+    stops after ``repeat`` calls, or once ``min_repeat`` calls have taken ``budget_ms`` of
+    GPU time (as Triton's ``do_bench`` sizes its repeats): long kernels vary little and a
+    tuner times hundreds of them."""
     cp = _cupy()
     for i in range(warmup):
         fn(i)
@@ -60,6 +65,8 @@ def time_ms(fn: Callable[[int], object], warmup: int = 3, repeat: int = 20,
         stop.record(stream)
         stop.synchronize()
         times.append(cp.cuda.get_elapsed_time(start, stop))
+        if len(times) >= min_repeat and sum(times) >= budget_ms:
+            break
     return statistics.median(times)
 
 
