@@ -13,7 +13,15 @@ import functools
 import math
 from dataclasses import dataclass
 
-from .config import REGISTERS_PER_SM, ALayout, Arch, ATile, ConfigError, KernelConfig
+from .config import (
+    MAX_REGISTERS,
+    REGISTERS_PER_SM,
+    ALayout,
+    Arch,
+    ATile,
+    ConfigError,
+    KernelConfig,
+)
 
 MAX_BLOCKS_PER_SM = 32
 # Calibration against the core benchmark on an H100 (results/core_h100): the share of
@@ -116,6 +124,11 @@ def min_blocks_per_sm(config: KernelConfig) -> int:
         if fits_regs and blocks <= smem_blocks_per_sm(config):
             best = blocks
     return best
+
+
+def register_budget(config: KernelConfig) -> int:
+    """Registers a thread may use under the launch bounds ``min_blocks_per_sm`` sets."""
+    return min(MAX_REGISTERS, REGISTERS_PER_SM // (config.threads * min_blocks_per_sm(config)))
 
 
 def blocks_per_sm(config: KernelConfig, gpu: GpuSpec) -> int:

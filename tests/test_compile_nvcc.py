@@ -12,7 +12,7 @@ import pytest
 import nmgen
 from nmgen.compile import compile_with_nvcc, parse_ptxas_report
 from nmgen.config import ALayout, Arch, ATile, ConfigError, Family
-from nmgen.model import min_blocks_per_sm
+from nmgen.model import min_blocks_per_sm, register_budget
 from nmgen.space import Problem, random_config
 
 pytestmark = pytest.mark.nvcc
@@ -55,7 +55,7 @@ def test_variant_compiles_within_resources(layout_tile, packing, stages, split_k
                             seed=random.randrange(1 << 30))
     compiled = compile_with_nvcc(nmgen.render(config))
     assert set(compiled.resources) == set(nmgen.render(config).entry_points), compiled.log
-    budget = min(255, 65536 // (config.threads * min_blocks_per_sm(config)))
+    budget = register_budget(config)
     main = compiled.resources[config.name]
     for entry, res in compiled.resources.items():
         if entry == config.name and (config.registers_estimate >= budget or (

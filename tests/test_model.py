@@ -17,8 +17,8 @@ from nmgen.model import (
     feasible,
     gpu_of_device_name,
     gpu_spec,
-    min_blocks_per_sm,
     rank,
+    register_budget,
 )
 from nmgen.space import Problem, enumerate_configs, random_config
 
@@ -102,6 +102,6 @@ def test_register_estimate_tracks_ptxas(seed):
                       a_layout=rng.choice(list(ALayout)), arch=Arch.SM90)
     config = random_config(problem, rng, max_threads=512)
     res = compile_with_nvcc(nmgen.render(config)).resources[config.name]
-    budget = min(255, 65536 // (config.threads * min_blocks_per_sm(config)))
+    budget = register_budget(config)
     assert res.registers <= budget and res.spill_stores == 0
     assert config.registers_estimate <= max(2 * res.registers, 80)

@@ -22,16 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from nmgen.codegen import KernelSource, render  # noqa: E402
 from nmgen.compile import compile_with_nvcc  # noqa: E402
 from nmgen.config import ALayout, Arch, ATile, ConfigError, KernelConfig  # noqa: E402
-from nmgen.model import min_blocks_per_sm  # noqa: E402
+from nmgen.model import register_budget  # noqa: E402
 from nmgen.space import Problem, random_config  # noqa: E402
 
 BOUNDS = re.compile(r"__launch_bounds__\(THREADS, \d+\)")
 PATTERNS = [(2, 4), (8, 32), (4, 16), (16, 64), (16, 32), (4, 32)]
-
-
-def budget_of(config: KernelConfig) -> int:
-    """The registers a thread may use under the launch bounds the estimate implies."""
-    return min(255, 65536 // (config.threads * min_blocks_per_sm(config)))
 
 
 def compiled(config: KernelConfig, max_registers: int | None = 0):
@@ -64,7 +59,7 @@ def measure(config_json: str) -> dict:
     now = compiled(config)
     return {"config": config.name, "stages": config.stages, "a_slots": config.a_slots,
             "mt_nt": config.mt * config.nt, "estimate": config.registers_estimate,
-            "budget": budget_of(config), "natural": natural,
+            "budget": register_budget(config), "natural": natural,
             "spill_free_min": spill_free_minimum(config, natural),
             "spills_at_budget": max(now.spill_stores, now.spill_loads)}
 
