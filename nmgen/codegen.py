@@ -17,7 +17,8 @@ from .version import __version__
 TEMPLATE_OF_FAMILY = {Family.F32_SIMT: "nm_spmm_f32.cu.j2"}
 # The compute loop over a stage's compressed rows is unrolled by at most ROW_UNROLL: on an
 # H100 the core kernels run as fast unrolled by 16 as fully (results/unroll_h100), and nvcc
-# takes 20-47 % less time, which is what tuning waits on. The staged ("tr") path keeps
+# takes 24-48 % less time on five of the six kernels it changes (13 % more on one;
+# results/unroll_h100/nvcc_seconds.txt), which is what tuning waits on. The staged ("tr") path keeps
 # the full unroll up to STAGED_FULL_UNROLL rows, so that its per-row hook resolves at
 # compile time.
 ROW_UNROLL = 16
@@ -88,7 +89,16 @@ def row_unroll(config: KernelConfig) -> int:
 @functools.lru_cache(maxsize=1024)
 def render(config: KernelConfig) -> KernelSource:
     """The CUDA source of ``config``, with a header naming it and the nmgen version."""
-    template = _environment().get_template(TEMPLATE_OF_FAMILY[config.family])
+    return _render(_environment().get_template(TEMPLATE_OF_FAMILY[config.family]), config)
+
+
+def render_text(config: KernelConfig, template: str) -> KernelSource:
+    """``config`` rendered from the template text ``template`` instead of its family's
+    template (A/B of two template versions in one process: tools/template_ab.py)."""
+    return _render(_environment().from_string(template), config)
+
+
+def _render(template: jinja2.Template, config: KernelConfig) -> KernelSource:
     code = template.render(
         c=config,
         name=config.name,

@@ -125,6 +125,7 @@ def test_queued_ahead_but_not_started_compiles_in_the_batch_pool(tmp_path, monke
         pool.start()
         assert pool.ahead(configs) == len(configs)
         errors = pool.compile(configs)  # one process ahead: most are still queued there
+        assert pool.taken_back >= 1 and pool.taken_back + len(pool._ahead) == len(configs)
     lines = [line.split() for line in log.read_text().splitlines()]
     assert sorted(name for name, _ in lines) == sorted(c.name for c in configs)  # once each
     assert len({pid for _, pid in lines}) >= 3  # the batch pool took the queued ones

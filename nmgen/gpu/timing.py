@@ -127,6 +127,7 @@ class CompilePool:
         self._pool: ProcessPoolExecutor | None = None
         self._ahead_pool: ProcessPoolExecutor | None = None
         self._ahead: dict[str, Future] = {}
+        self.taken_back = 0  # queued ahead, then compiled here before an ahead process began
 
     def compile(self, configs: Sequence[KernelConfig]) -> list[str]:
         """Compile ``configs``; return the errors (empty when none)."""
@@ -134,6 +135,7 @@ class CompilePool:
             future = self._ahead.get(config.name)
             if future is not None and future.cancel():
                 del self._ahead[config.name]
+                self.taken_back += 1
         waiting = [(c.name, self._ahead[c.name]) for c in configs if c.name in self._ahead]
         jobs = [c.to_json() for c in configs if c.name not in self._ahead]
         if self.workers <= 1 or len(jobs) <= 1:
