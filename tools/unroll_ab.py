@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nmgen.codegen import KernelSource, render  # noqa: E402
-from nmgen.config import Arch  # noqa: E402
+from nmgen.config import Arch, KernelConfig  # noqa: E402
 from nmgen.report import markdown_table  # noqa: E402
 from nmgen.space import CORE_BEST, Problem, core_config  # noqa: E402
 
@@ -45,9 +45,11 @@ def _compile(code: str) -> None:
     cp.RawModule(code=code, options=NVRTC_OPTIONS, backend="nvrtc").compile()
 
 
-def variants_of(arch: Arch, unrolls: list[int]) -> list[tuple]:
-    """(configuration, row unroll, source) for the core's best kernels (0: full)."""
-    configs = [core_config(Problem(n, m, 32, layout, arch)) for n, m, layout in CORE_BEST]
+def variants_of(arch: Arch, unrolls: list[int], names: str = "") -> list[tuple]:
+    """(configuration, row unroll, source) for the named kernels, by default the core's
+    best (unroll 0: full)."""
+    configs = ([KernelConfig.from_name(n) for n in names.split(",")] if names else
+               [core_config(Problem(n, m, 32, layout, arch)) for n, m, layout in CORE_BEST])
     return [(c, u or c.ws, with_unroll(render(c), u or c.ws)) for c in configs
             for u in unrolls]
 
@@ -75,13 +77,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=4096)
     parser.add_argument("--unrolls", default="0,16,8,4", help="0: full (WS)")
+    parser.add_argument("--configs", default="", help="kernel names (default: the core's best)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--nvcc-only", action="store_true",
                         help="time nvcc on each variant instead (sm_90, no GPU)")
     args = parser.parse_args()
     unrolls = [int(u) for u in args.unrolls.split(",")]
     if args.nvcc_only:
-        nvcc_seconds(variants_of(Arch.SM90, unrolls))
+        nvcc_seconds(variants_of(Arch.SM90, unrolls, args.configs))
         return
 
     import cupy as cp
@@ -92,7 +95,7 @@ def main() -> None:
     from nmgen.gpu.timing import time_ms
     from nmgen.results import RTOL
 
-    variants = variants_of(device_info().arch, unrolls)
+    variants = variants_of(device_info().arch, unrolls, args.configs)
     with ProcessPoolExecutor(16, mp_context=get_context("spawn")) as pool:
         list(pool.map(_compile, [v[2].code for v in variants]))
     s = args.size
