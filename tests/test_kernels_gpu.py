@@ -108,6 +108,18 @@ def test_torch_in_torch_out_on_current_stream(gpu_cases):
     gpu_cases["kernel_cases"] += 1
 
 
+def test_torch_launch_stream_is_the_current_one():
+    torch = pytest.importorskip("torch")
+    from nmgen.gpu.launch import _stream, operand
+
+    x = torch.randn(4, 4, device="cuda")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        chosen = _stream(None, operand(x, "a"))
+        assert chosen.ptr == side.cuda_stream != torch.cuda.default_stream().cuda_stream
+    assert _stream(None, operand(x, "a")).ptr == torch.cuda.current_stream().cuda_stream
+
+
 def test_bad_inputs_raise_clear_errors():
     import cupy as cp
 

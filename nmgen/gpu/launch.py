@@ -135,7 +135,7 @@ def operand(x: Any, what: str) -> Operand:
 
         size = x.element_size()
         return Operand(x.data_ptr(), tuple(x.shape), tuple(st * size for st in x.stride()),
-                       x.device.index, x.dtype is torch.float32, True)
+                       x.get_device(), x.dtype is torch.float32, True)
     if isinstance(x, np.ndarray):
         raise TypeError(f"{what} is a NumPy array: pass a CuPy array or a CUDA torch.Tensor")
     raise TypeError(f"{what}: expected a CuPy array or a CUDA torch.Tensor, got {type(x)}")
@@ -341,15 +341,23 @@ def _current_stream_ptr() -> int:
     return _cupy().cuda.get_current_stream().ptr
 
 
+def _torch_stream_handle(device: int) -> int:
+    """The raw handle of PyTorch's current stream on ``device``: through torch's private
+    accessor where it exists, as Triton's launcher does (building a ``torch.cuda.Stream``
+    costs microseconds a call)."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+
+
 def _stream(stream: Any, a: Operand) -> Any:
     """The CuPy stream to launch on: ``stream`` (CuPy, torch or a raw handle), else the
     caller's current stream (torch's for torch tensors; ``None`` means CuPy's current)."""
     if stream is None:
         if not a.torch:
             return None
-        import torch
-
-        stream = torch.cuda.current_stream(a.device)
+        stream = _torch_stream_handle(a.device)
     cp = _cupy()
     if isinstance(stream, cp.cuda.Stream | cp.cuda.ExternalStream):
         return stream
