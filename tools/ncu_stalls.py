@@ -15,6 +15,8 @@ import gzip
 import io
 from pathlib import Path
 
+from _sass import opcode
+
 NOT_ISSUED = "Warp Stall Sampling (Not-issued Samples)"
 ALL = "Warp Stall Sampling (All Samples)"
 
@@ -24,13 +26,6 @@ def read_rows(path: Path) -> tuple[str, list[dict[str, str]]]:
     lines = list(csv.reader(io.StringIO(raw.decode())))
     kernel, header = lines[0][1], lines[1]
     return kernel, [dict(zip(header, r, strict=False)) for r in lines[2:] if len(r) == len(header)]
-
-
-def opcode(source: str) -> str:
-    words = source.split()
-    if words and words[0].startswith("@"):  # predicate
-        words = words[1:]
-    return words[0].split(".")[0] if words else ""
 
 
 def summarize(path: Path, top: int) -> None:

@@ -7,35 +7,24 @@ machines or two runs; timed in turns on one GPU, clock drift touches both alike.
 
     git show HEAD~1:templates/nm_spmm_f32.cu.j2 > /tmp/base.cu.j2
     python tools/template_ab.py --base /tmp/base.cu.j2 --out results/template_ab_h100
+    python tools/template_ab.py --base /tmp/base.cu.j2 --nvcc-only   # no GPU
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _ab import configs_of, nvcc_table, precompile  # noqa: E402
+
 from nmgen.codegen import render, render_text  # noqa: E402
-from nmgen.config import KernelConfig  # noqa: E402
+from nmgen.config import Arch  # noqa: E402
 from nmgen.report import markdown_table  # noqa: E402
-from nmgen.space import CORE_BEST, Problem, core_config  # noqa: E402
-
-NVRTC_OPTIONS = ("-std=c++17",)
-
-
-def _compile(code: str) -> None:
-    import cupy as cp
-
-    cp.RawModule(code=code, options=NVRTC_OPTIONS, backend="nvrtc").compile()
-
-
-def core_configs(arch) -> list[KernelConfig]:
-    return [core_config(Problem(n, m, 32, layout, arch)) for n, m, layout in CORE_BEST]
 
 
 def main() -> None:
@@ -45,7 +34,17 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=4096)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--cuobjdump", default=shutil.which("cuobjdump"),
+                        help="with --nvcc-only: count the SASS too")
+    parser.add_argument("--nvcc-only", action="store_true",
+                        help="compile both versions with nvcc here instead (no GPU)")
     args = parser.parse_args()
+    base = args.base.read_text()
+    if args.nvcc_only:
+        nvcc_table([(c.name, label, source) for c in configs_of(args.configs, Arch.SM90)
+                    for label, source in (("A", render_text(c, base)), ("B", render(c)))],
+                   args.cuobjdump)
+        return
 
     import cupy as cp
 
@@ -55,12 +54,9 @@ def main() -> None:
     from nmgen.gpu.timing import time_in_turns
     from nmgen.results import RTOL
 
-    base = args.base.read_text()
-    configs = ([KernelConfig.from_name(n) for n in args.configs.split(",")] if args.configs
-               else core_configs(device_info().arch))
+    configs = configs_of(args.configs, device_info().arch)
     sources = [(render_text(c, base), render(c)) for c in configs]
-    with ProcessPoolExecutor(16, mp_context=get_context("spawn")) as pool:
-        list(pool.map(_compile, [s.code for pair in sources for s in pair]))
+    precompile([s for pair in sources for s in pair])
     size = args.size
     a = cp.random.standard_normal((size, size), dtype=cp.float32)
     sgemm = dense_gemm(Dense.SGEMM, a, a)

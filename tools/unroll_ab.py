@@ -1,11 +1,10 @@
-"""A/B of the compute loop's unroll: the core benchmark's best kernels with the per-stage
-row loop unrolled fully (what codegen does for WS <= 64) and by 16, 8, 4.
+"""A/B of the compute loop's unroll: the core benchmark's best kernels (or --configs) with
+the per-stage row loop unrolled fully and by 16, 8, 4.
 
 Why: a fully unrolled stage of a 16x8 thread tile is ~4000 FFMAs, ~70 KB of code per
-loop body, which streams through the instruction caches every stage; unrolling by 8
-halves the nvcc compile time (1.9-2.4 s -> 1.0 s on the dev host) as well. Every variant
-is checked against float64 (NaN-poisoned output) before it is timed; cuBLAS SGEMM is timed
-in the same process.
+loop body, which streams through the instruction caches every stage, and the unroll sets
+how long nvcc takes (--nvcc-only). Every variant is checked against float64 (NaN-poisoned
+output) before it is timed; cuBLAS SGEMM is timed in the same process.
 
     python tools/unroll_ab.py --out results/unroll_h100
     python tools/unroll_ab.py --nvcc-only > results/unroll_h100/nvcc_seconds.txt   # no GPU
@@ -16,20 +15,19 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import sys
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _ab import configs_of, nvcc_table, precompile  # noqa: E402
+
 from nmgen.codegen import KernelSource, render  # noqa: E402
-from nmgen.config import Arch, KernelConfig  # noqa: E402
+from nmgen.config import Arch  # noqa: E402
 from nmgen.report import markdown_table  # noqa: E402
-from nmgen.space import CORE_BEST, Problem, core_config  # noqa: E402
 
 ROW_LOOP = re.compile(r"#pragma unroll \d+(\s*\n\s*for \(int w = 0; w < WS; \+\+w\))")
-NVRTC_OPTIONS = ("-std=c++17",)
 
 
 def with_unroll(source: KernelSource, unroll: int) -> KernelSource:
@@ -39,38 +37,11 @@ def with_unroll(source: KernelSource, unroll: int) -> KernelSource:
     return KernelSource(source.config, code)
 
 
-def _compile(code: str) -> None:
-    import cupy as cp
-
-    cp.RawModule(code=code, options=NVRTC_OPTIONS, backend="nvrtc").compile()
-
-
 def variants_of(arch: Arch, unrolls: list[int], names: str = "") -> list[tuple]:
     """(configuration, row unroll, source) for the named kernels, by default the core's
     best (unroll 0: full)."""
-    configs = ([KernelConfig.from_name(n) for n in names.split(",")] if names else
-               [core_config(Problem(n, m, 32, layout, arch)) for n, m, layout in CORE_BEST])
-    return [(c, u or c.ws, with_unroll(render(c), u or c.ws)) for c in configs
+    return [(c, u or c.ws, with_unroll(render(c), u or c.ws)) for c in configs_of(names, arch)
             for u in unrolls]
-
-
-def nvcc_seconds(variants: list[tuple]) -> None:
-    """Wall time of a fresh nvcc compile of each variant (no GPU needed; the cache is a
-    throw-away folder, so nothing is reused)."""
-    import os
-    import tempfile
-    import time
-
-    from nmgen.compile import compile_with_nvcc
-
-    print("| configuration | row unroll | nvcc s |\n| --- | --- | --- |")
-    for config, unroll, source in variants:
-        with tempfile.TemporaryDirectory() as cache:
-            os.environ["NMGEN_CACHE_DIR"] = cache
-            start = time.perf_counter()
-            compile_with_nvcc(source)
-            print(f"| {config.name} | {unroll} | {time.perf_counter() - start:.2f} |",
-                  flush=True)
 
 
 def main() -> None:
@@ -79,12 +50,16 @@ def main() -> None:
     parser.add_argument("--unrolls", default="0,16,8,4", help="0: full (WS)")
     parser.add_argument("--configs", default="", help="kernel names (default: the core's best)")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--cuobjdump", default=shutil.which("cuobjdump"),
+                        help="with --nvcc-only: count the SASS too")
     parser.add_argument("--nvcc-only", action="store_true",
                         help="time nvcc on each variant instead (sm_90, no GPU)")
     args = parser.parse_args()
     unrolls = [int(u) for u in args.unrolls.split(",")]
     if args.nvcc_only:
-        nvcc_seconds(variants_of(Arch.SM90, unrolls, args.configs))
+        nvcc_table([(c.name, f"unroll {u}", src)
+                    for c, u, src in variants_of(Arch.SM90, unrolls, args.configs)],
+                   args.cuobjdump)
         return
 
     import cupy as cp
@@ -96,8 +71,7 @@ def main() -> None:
     from nmgen.results import RTOL
 
     variants = variants_of(device_info().arch, unrolls, args.configs)
-    with ProcessPoolExecutor(16, mp_context=get_context("spawn")) as pool:
-        list(pool.map(_compile, [v[2].code for v in variants]))
+    precompile([v[2] for v in variants])
     s = args.size
     a = cp.random.standard_normal((s, s), dtype=cp.float32)
     sgemm = dense_gemm(Dense.SGEMM, a, a)

@@ -1,0 +1,70 @@
+"""What the A/B tools (unroll_ab.py, template_ab.py) share. A variant is another source
+of one configuration (same name and launch, other code): compiled on the host with nvcc
+for a table of compile time, registers and SASS, or through NVRTC on the GPU machine
+before it is timed."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+
+from _sass import opcode
+
+from nmgen.codegen import KernelSource
+from nmgen.compile import compile_with_nvcc
+from nmgen.config import Arch, KernelConfig
+from nmgen.gpu.launch import NVRTC_OPTIONS
+from nmgen.space import CORE_BEST, Problem, core_config
+
+SASS_LINE = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(\S.*)$")
+
+
+def configs_of(names: str, arch: Arch) -> list[KernelConfig]:
+    """The comma-separated kernel names, or by default the core benchmark's best kernels."""
+    if names:
+        return [KernelConfig.from_name(n) for n in names.split(",")]
+    return [core_config(Problem(n, m, 32, layout, arch)) for n, m, layout in CORE_BEST]
+
+
+def _compile(code: str) -> None:
+    import cupy as cp
+
+    cp.RawModule(code=code, options=NVRTC_OPTIONS, backend="nvrtc").compile()
+
+
+def precompile(sources: list[KernelSource], workers: int = 16) -> None:
+    """Fill CuPy's kernel cache with every variant, in parallel, before anything is timed."""
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        list(pool.map(_compile, [s.code for s in sources]))
+
+
+def sass_counts(cubin: str, cuobjdump: str) -> tuple[int, int]:
+    """(instructions, of them FFMA) in a cubin's SASS, counted statically."""
+    listing = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True,
+                             check=True).stdout
+    ops = [m.group(1) for m in map(SASS_LINE.match, listing.splitlines()) if m]
+    return len(ops), sum(opcode(op) == "FFMA" for op in ops)
+
+
+def nvcc_table(variants: list[tuple[str, str, KernelSource]], cuobjdump: str | None) -> None:
+    """Print a fresh nvcc compile of each (configuration, variant, source): wall seconds
+    (a throw-away cache, so nothing is reused), registers of the main kernel, and static
+    SASS counts where ``cuobjdump`` is given."""
+    print("| configuration | variant | nvcc s | registers | SASS instructions | FFMA |\n"
+          "| --- | --- | --- | --- | --- | --- |")
+    for name, label, source in variants:
+        with tempfile.TemporaryDirectory() as cache:
+            os.environ["NMGEN_CACHE_DIR"] = cache
+            start = time.perf_counter()
+            compiled = compile_with_nvcc(source)
+            seconds = time.perf_counter() - start
+            total, ffma = (sass_counts(str(compiled.path), cuobjdump) if cuobjdump
+                           else ("n/a", "n/a"))
+        registers = compiled.resources[source.name].registers
+        print(f"| {name} | {label} | {seconds:.2f} | {registers} | {total} | {ffma} |",
+              flush=True)
