@@ -16,13 +16,11 @@ from .version import __version__
 
 TEMPLATE_OF_FAMILY = {Family.F32_SIMT: "nm_spmm_f32.cu.j2"}
 # The compute loop over a stage's compressed rows is unrolled by at most ROW_UNROLL: on an
-# H100 the core kernels run as fast unrolled by 16 as fully (results/unroll_h100), and nvcc
-# takes 24-48 % less time on five of the six kernels it changes (13 % more on one;
-# results/unroll_h100/nvcc_seconds.txt), which is what tuning waits on. The staged ("tr") path keeps
-# the full unroll up to STAGED_FULL_UNROLL rows, so that its per-row hook resolves at
-# compile time.
+# H100 the core kernels run as fast unrolled by 16 as fully (results/unroll_h100,
+# results/unroll_tr_h100: 0-0.8 % faster for the staged "tr" path), and nvcc takes 24-48 %
+# less time on five of six kernels (13 % more on one; results/unroll_h100/nvcc_seconds.txt),
+# which is what tuning waits on.
 ROW_UNROLL = 16
-STAGED_FULL_UNROLL = 64
 
 
 @dataclass(frozen=True)
@@ -81,8 +79,6 @@ def generator_text(family: Family) -> str:
 
 def row_unroll(config: KernelConfig) -> int:
     """How far the compute loop over a stage's ``ws`` compressed rows is unrolled."""
-    if config.staged:
-        return config.ws if config.ws <= STAGED_FULL_UNROLL else 8
     return min(config.ws, ROW_UNROLL)
 
 

@@ -55,7 +55,7 @@ def test_layout_selects_the_loader(layout):
 
 
 @pytest.mark.parametrize(("a_tile", "ws", "unroll"), [
-    ("tm", 8, 8), ("tm", 32, 16), ("tr", 32, 32), ("tk", 24, 16)])
+    ("tm", 8, 8), ("tm", 32, 16), ("tr", 32, 16), ("tk", 24, 16)])
 def test_row_loop_unroll(a_tile, ws, unroll):
     # 8:32 with KS = 4 * ws: ws compressed rows a stage.
     config = nmgen.KernelConfig(8, 32, 32, 128, 128, 4 * ws, 8, 8, a_tile=a_tile)
