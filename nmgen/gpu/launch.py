@@ -11,6 +11,7 @@ import ctypes
 import functools
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -341,14 +342,15 @@ def _current_stream_ptr() -> int:
     return _cupy().cuda.get_current_stream().ptr
 
 
-def _torch_stream_handle(device: int) -> int:
-    """The raw handle of PyTorch's current stream on ``device``: through torch's private
-    accessor where it exists, as Triton's launcher does (building a ``torch.cuda.Stream``
-    costs microseconds a call)."""
+@functools.cache  # looked up once, not on every launch
+def _torch_stream_handle_of() -> Callable[[int], int]:
+    """``device -> raw handle of PyTorch's current stream there``: torch's private accessor
+    where it exists, as Triton's launcher does (building a ``torch.cuda.Stream`` costs
+    microseconds a call)."""
     import torch
 
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+    return raw or (lambda device: torch.cuda.current_stream(device).cuda_stream)
 
 
 def _stream(stream: Any, a: Operand) -> Any:
@@ -357,12 +359,15 @@ def _stream(stream: Any, a: Operand) -> Any:
     if stream is None:
         if not a.torch:
             return None
-        stream = _torch_stream_handle(a.device)
+        return _external_stream(_torch_stream_handle_of()(a.device))
     cp = _cupy()
     if isinstance(stream, cp.cuda.Stream | cp.cuda.ExternalStream):
         return stream
-    handle = int(getattr(stream, "cuda_stream", stream))
+    return _external_stream(int(getattr(stream, "cuda_stream", stream)))
+
+
+def _external_stream(handle: int) -> Any:
     cached = _STREAMS.get(handle)
     if cached is None:
-        cached = _STREAMS[handle] = cp.cuda.ExternalStream(handle)
+        cached = _STREAMS[handle] = _cupy().cuda.ExternalStream(handle)
     return cached
