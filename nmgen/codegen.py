@@ -34,9 +34,9 @@ class KernelSource:
 
     @property
     def entry_points(self) -> tuple[str, ...]:
-        if self.config.split_k > 1:
-            return (self.name, f"{self.name}_reduce")
-        return (self.name,)
+        extra = (["_reduce"] if self.config.split_k > 1 else []) + (
+            ["_transpose"] if self.config.a_copied else [])
+        return (self.name, *(self.name + suffix for suffix in extra))
 
     @property
     def sha256(self) -> str:
@@ -100,7 +100,7 @@ def _render(template: jinja2.Template, config: KernelConfig) -> KernelSource:
         name=config.name,
         version=__version__,
         config_items=sorted(config.to_dict().items()),
-        row_major=config.a_layout is ALayout.ROW_MAJOR,
+        row_major=config.kernel_a_layout is ALayout.ROW_MAJOR,
         m_major_tile=config.a_tile is ATile.M_MAJOR,
         unroll_w=row_unroll(config),
         min_blocks=min_blocks_per_sm(config),

@@ -28,6 +28,8 @@ class ATile(str, Enum):
     K_MAJOR_STAGED = "tr"  # K-major tile that row-major A reaches through registers:
     #                        16-byte loads issued before a stage's compute, stored
     #                        transposed after it (no landing tile; unpacked only)
+    K_MAJOR_COPY = "tx"  # row-major A copied K-major by a transpose kernel first (two
+    #                      launches and a K x M workspace); the main kernel is K-major's
 
 
 class Arch(str, Enum):
@@ -174,6 +176,17 @@ class KernelConfig:
         return self.a_layout is ALayout.ROW_MAJOR and self.a_tile is ATile.K_MAJOR_STAGED
 
     @property
+    def a_copied(self) -> bool:
+        """Row-major A copied K-major by a transpose kernel before the main kernel, which
+        then reads it as K-major A (``tx``)."""
+        return self.a_layout is ALayout.ROW_MAJOR and self.a_tile is ATile.K_MAJOR_COPY
+
+    @property
+    def kernel_a_layout(self) -> ALayout:
+        """The layout the main kernel reads A in."""
+        return ALayout.K_MAJOR if self.a_copied else self.a_layout
+
+    @property
     def transposed(self) -> bool:
         """Row-major A reaches a K-major compute tile by the threads' own transposing
         stores (through a landing tile or through registers)."""
@@ -289,7 +302,7 @@ class KernelConfig:
             ("MT * NT <= 128 accumulators", self.mt * self.nt <= 128),
             (f"1 <= stages <= {MAX_STAGES}", self.stages <= MAX_STAGES),
             ("KS <= 1024", self.ks <= 1024),
-            ("M-major and staged A tiles (tm, tr) need row-major A (rm)",
+            ("M-major, staged and copied A tiles (tm, tr, tx) need row-major A (rm)",
              self.a_tile is ATile.K_MAJOR or self.a_layout is ALayout.ROW_MAJOR),
             ("staged A tile (tr) without packing", not (self.staged and self.packing)),
             ("staged A tile (tr) needs the swizzled tile (32 | MS, 32 | A rows, MT 4 or "
@@ -373,6 +386,6 @@ _NAME_RE = re.compile(
     r"^nm_spmm_(?P<family>[a-z0-9]+)_n(?P<n>\d+)m(?P<m>\d+)l(?P<vec>\d+)"
     r"_ms(?P<ms>\d+)ns(?P<ns>\d+)ks(?P<ks>\d+)_mt(?P<mt>\d+)nt(?P<nt>\d+)"
     r"_w(?P<warp_m>\d+)x(?P<warp_n>\d+)_(?P<pack>pack|nopack)_s(?P<stages>\d+)"
-    r"_k(?P<split_k>\d+)_(?P<layout>rm|km)(?:_(?P<tile>tk|tm|tr))?_sm(?P<arch>\d+)$"
+    r"_k(?P<split_k>\d+)_(?P<layout>rm|km)(?:_(?P<tile>tk|tm|tr|tx))?_sm(?P<arch>\d+)$"
 )
 _EXAMPLE_NAME = "nm_spmm_f32_n8m32l32_ms128ns128ks32_mt8nt8_w8x4_pack_s2_k1_rm_sm90"

@@ -37,6 +37,10 @@ COPY4_INSTRUCTIONS = 6  # cp.async of 4 bytes: gathered row, bounds checks
 TRANSPOSE_CHUNK_INSTRUCTIONS = 6  # LDS.128, 4 STS, address
 STAGE_FIXED_INSTRUCTIONS = 40
 CLOCK_GHZ = 1.9
+# A copied A tile ("tx"): the transpose kernel reads M×K and writes K×M at this share of
+# DRAM bandwidth, and its launch adds a gap before the main kernel.
+COPY_BANDWIDTH_SHARE = 0.8
+COPY_LAUNCH_US = 2.0
 # Reserved by the driver per resident block (CUDA occupancy calculator).
 SMEM_RESERVED_PER_BLOCK = 1024
 SMEM_PER_SM = {80: 164 * 1024, 86: 100 * 1024, 89: 100 * 1024, 90: 228 * 1024}
@@ -259,14 +263,23 @@ def estimate(config: KernelConfig, gpu: GpuSpec, m_rows: int, n_cols: int, k: in
     c_bytes = 4.0 * m_rows * n_cols * (1 if config.split_k == 1 else 2 * config.split_k + 1)
     compulsory = a_bytes + b_bytes + c_bytes
     # Row-major A transposed by 4-byte copies moves a quarter of the bytes per L1 access.
-    a_copy_eff = 0.25 if config.a_layout is ALayout.ROW_MAJOR and config.packing else 1.0
+    a_copy_eff = 0.25 if config.kernel_a_layout is ALayout.ROW_MAJOR and config.packing else 1.0
     through_l2 = a_bytes * col_blocks / a_copy_eff + b_bytes * row_blocks + c_bytes
     memory_ms = max(compulsory / (gpu.dram_gbs * 1e9), through_l2 / (gpu.l2_gbs * 1e9)) * 1e3
     stages = k_pad / config.ks / config.split_k
     overhead_ms = math.ceil(waves) * stages * STAGE_OVERHEAD_CYCLES / (CLOCK_GHZ * 1e6)
-    time_ms = max(compute_ms, memory_ms) / wave_eff + overhead_ms
+    time_ms = max(compute_ms, memory_ms) / wave_eff + overhead_ms + _copy_a_ms(config, gpu,
+                                                                                m_rows, k)
     return Estimate(time_ms, compute_ms, memory_ms, fixed.intensity, blocks, per_sm,
                     wave_eff, fixed.issue_efficiency)
+
+
+def _copy_a_ms(config: KernelConfig, gpu: GpuSpec, m_rows: int, k: int) -> float:
+    """The transpose kernel's time before the main kernel of a copied A tile ("tx")."""
+    if not config.a_copied:
+        return 0.0
+    moved = 4.0 * m_rows * k * 2
+    return moved / (gpu.dram_gbs * 1e9 * COPY_BANDWIDTH_SHARE) * 1e3 + COPY_LAUNCH_US / 1e3
 
 
 def rank(configs: list[KernelConfig], gpu: GpuSpec, m_rows: int, n_cols: int, k: int

@@ -33,6 +33,7 @@ def test_renders_120_sampled_configurations():
         assert 'extern "C" __global__ void __launch_bounds__' in code
         assert f"{config.name}(" in code
         assert ("_reduce(" in code) == (config.split_k > 1)
+        assert ("_transpose(" in code) == config.a_copied
         assert "{{" not in code and "{%" not in code
 
 
@@ -52,6 +53,18 @@ def test_render_is_deterministic():
 def test_layout_selects_the_loader(layout):
     code = nmgen.render(nmgen.KernelConfig(2, 4, 8, 64, 64, 16, 4, 4, a_layout=layout)).code
     assert f"A_ROW_MAJOR = {'true' if layout is ALayout.ROW_MAJOR else 'false'}" in code
+
+
+def test_copied_a_runs_the_k_major_kernel_after_a_transpose():
+    copied = nmgen.KernelConfig(16, 32, 32, 128, 256, 64, 16, 8, a_tile="tx")
+    k_major = copied.replace(a_layout="km", a_tile="tk")
+    code, k_code = nmgen.render(copied).code, nmgen.render(k_major).code
+    assert nmgen.render(copied).entry_points == (copied.name, f"{copied.name}_transpose")
+    main, transpose = code.split("// Row-major A (M x K, lda) copied K-major")
+    # The main kernel is the K-major one, line for line, but for its name and header.
+    body = main[main.index("namespace {"):].replace(copied.name, k_major.name)
+    assert body.rstrip() == k_code[k_code.index("namespace {"):].rstrip()
+    assert f"{copied.name}_transpose(const float* __restrict__ A" in transpose
 
 
 @pytest.mark.parametrize(("a_tile", "ws", "unroll"), [

@@ -91,6 +91,35 @@ def test_llama_size_problem(layout, packing, gpu_cases):
     gpu_cases["kernel_cases"] += 1
 
 
+@pytest.mark.parametrize(("split_k", "packing"), [(1, False), (3, True)])
+def test_copied_a_tile_matches_reference(split_k, packing, gpu_cases):
+    """Row-major A copied K-major by the transpose kernel first ("tx"): a workspace a
+    call, M not a multiple of 4, odd K and N."""
+    config = nmgen.KernelConfig(8, 32, 32, 64, 128, 64, 8, 8, packing=packing,
+                                split_k=split_k, a_tile="tx")
+    kernel = nmgen.Kernel(config)
+    rng = np.random.default_rng(SEED)
+    for m_rows in M_EDGES:
+        err = check_case(kernel, rng, m_rows, 333, 257)
+        assert err < RTOL, f"{config.name} M={m_rows}: relative error {err:.3g} (seed {SEED})"
+        gpu_cases["kernel_cases"] += 1
+
+
+def test_copied_a_from_torch_on_a_side_stream(gpu_cases):
+    torch = pytest.importorskip("torch")
+    config = nmgen.KernelConfig(4, 8, 16, 64, 64, 32, 4, 4, a_tile="tx")
+    b = nmgen.prune(torch.randn(96, 77), "4:8", 16, layout="nk")
+    x = torch.randn(33, 77, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        y = nmgen.Kernel(config)(x, b)
+    stream.synchronize()
+    ref = nmgen.reference(x.cpu().double().numpy(), b)
+    err = np.linalg.norm(y.cpu().double().numpy() - ref) / np.linalg.norm(ref)
+    assert err < RTOL
+    gpu_cases["kernel_cases"] += 1
+
+
 def test_torch_in_torch_out_on_current_stream(gpu_cases):
     torch = pytest.importorskip("torch")
     config = nmgen.KernelConfig(4, 8, 16, 64, 64, 32, 4, 4)

@@ -60,6 +60,17 @@ def test_estimate_is_a_roofline():
     assert sparser.compute_ms < large.compute_ms
 
 
+def test_copied_a_costs_its_transpose():
+    h100 = GPUS["h100"]
+    copied = nmgen.KernelConfig(8, 32, 32, 128, 128, 64, 8, 8, a_tile="tx")
+    k_major = copied.replace(a_layout="km", a_tile="tk")
+    for m_rows, k in ((256, 2048), (4096, 8192)):
+        extra = (estimate(copied, h100, m_rows, 4096, k).time_ms
+                 - estimate(k_major, h100, m_rows, 4096, k).time_ms)
+        at_peak_ms = 2 * 4 * m_rows * k / (h100.dram_gbs * 1e9) * 1e3  # M x K in, K x M out
+        assert at_peak_ms < extra < 2 * at_peak_ms + 0.01
+
+
 def test_rank_is_deterministic_and_feasible():
     configs = list(enumerate_configs(Problem(8, 32, 32)))
     ranked = rank(configs, GPUS["h100"], 1024, 4096, 4096)

@@ -142,6 +142,25 @@ def operand(x: Any, what: str) -> Operand:
     raise TypeError(f"{what}: expected a CuPy array or a CUDA torch.Tensor, got {type(x)}")
 
 
+def _params(args: list[ctypes._SimpleCData]) -> ctypes.Array:
+    """The ``void**`` block ``cuLaunchKernel`` takes, pointing at ``args`` in place."""
+    return (ctypes.c_void_p * len(args))(*[ctypes.addressof(v) for v in args])
+
+
+@dataclass
+class CopyA:
+    """The transpose kernel of a ``tx`` configuration: row-major A (M×K) to a K-major
+    workspace of K rows of ``ld`` floats, which the main kernel then reads."""
+
+    function: Any
+    grid: tuple[int, int]
+    ld: int
+    args: list[ctypes._SimpleCData]  # A, workspace, M, K, lda, ld
+
+    def __post_init__(self) -> None:
+        self.params = _params(self.args)
+
+
 class LaunchPlan:
     """Everything about a launch that depends only on (kernel, weight, device, M, lda):
     the argument block is packed once, and a call rewrites the A and C pointers in place
@@ -150,11 +169,11 @@ class LaunchPlan:
 
     def __init__(self, main: Any, reduce: Any, grid: tuple[int, int, int], threads: int,
                  smem: int, args: list[ctypes._SimpleCData], c_vec4_ok: bool,
-                 reduce_grid: int):
-        self.main, self.reduce = main, reduce
+                 reduce_grid: int, copy_a: CopyA | None = None):
+        self.main, self.reduce, self.copy_a = main, reduce, copy_a
         self.grid, self.threads, self.smem = grid, threads, smem
         self.args = args  # A, B', POS, ROWS, C, then the scalars; c_vec4 last
-        self.params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(v) for v in args])
+        self.params = _params(args)
         self.c_vec4_ok = c_vec4_ok
         self.reduce_grid = reduce_grid
         self.lock = threading.Lock()
@@ -167,6 +186,14 @@ class LaunchPlan:
             self.args[-1].value = self.c_vec4_ok and c_ptr % 16 == 0
             driver.launchKernel(self.main.ptr, *self.grid, self.threads, 1, 1, self.smem,
                                 stream_ptr, ctypes.addressof(self.params), 0)
+
+    def launch_copy_a(self, a_ptr: int, copy_ptr: int, stream_ptr: int) -> None:
+        copy = self.copy_a
+        with self.lock:
+            copy.args[0].value = a_ptr
+            copy.args[1].value = copy_ptr
+            _cupy().cuda.driver.launchKernel(copy.function.ptr, *copy.grid, 1, 256, 1, 1, 0,
+                                             stream_ptr, ctypes.addressof(copy.params), 0)
 
 
 _STREAMS: dict[int, Any] = {}
@@ -188,9 +215,10 @@ class Kernel:
     def name(self) -> str:
         return self.config.name
 
-    def _compiled(self, device: int) -> tuple[Any, Any]:
-        """(main, reduce) functions for ``device``, compiled once (CuPy caches NVRTC
-        output on disk, keyed by source, options, arch and compiler version)."""
+    def _compiled(self, device: int) -> tuple[Any, Any, Any]:
+        """(main, reduce, transpose) functions for ``device`` (``None`` where the
+        configuration has none), compiled once (CuPy caches NVRTC output on disk, keyed by
+        source, options, arch and compiler version)."""
         cp = _cupy()
         with _LOCK:
             if device not in self._functions:
@@ -199,23 +227,33 @@ class Kernel:
                 main = module.get_function(self.name)
                 if self.config.smem_bytes > 48 * 1024:
                     main.max_dynamic_shared_size_bytes = self.config.smem_bytes
-                reduce = (module.get_function(f"{self.name}_reduce")
-                          if self.config.split_k > 1 else None)
-                self._functions[device] = (main.kernel, reduce.kernel if reduce else None)
+
+                def helper(suffix: str, present: bool) -> Any:
+                    return module.get_function(self.name + suffix).kernel if present else None
+
+                self._functions[device] = (main.kernel,
+                                           helper("_reduce", self.config.split_k > 1),
+                                           helper("_transpose", self.config.a_copied))
             return self._functions[device]
 
     def _plan(self, b: NMMatrix, device: int, m_rows: int, lda: int, a_aligned: bool
               ) -> LaunchPlan:
         c = self.config
-        main, reduce = self._compiled(device)
+        main, reduce, transpose = self._compiled(device)
         layout = device_layout(b, c)
         k_dim, n_cols = b.shape
+        u64, i32, i64 = ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64
+        copy_a = None
+        if transpose is not None:  # the main kernel reads an aligned K-major copy
+            ld = -(-m_rows // 4) * 4
+            copy_a = CopyA(transpose, (-(-k_dim // 32), -(-ld // 32)), ld,
+                           [u64(0), u64(0), i32(m_rows), i32(k_dim), i64(lda), i64(ld)])
+            lda, a_aligned = ld, True  # the workspace comes from CuPy's pool: 256-B aligned
         # 16-byte copies along A's contiguous dimension need it and the rows aligned.
-        extent = k_dim if c.a_layout is ALayout.ROW_MAJOR else m_rows
+        extent = k_dim if c.kernel_a_layout is ALayout.ROW_MAJOR else m_rows
         a_vec4 = extent % 4 == 0 and lda % 4 == 0 and a_aligned
         stages_total = layout.pos.shape[1]
         ldb = layout.values.shape[1]
-        u64, i32, i64 = ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64
         args = [u64(0), u64(layout.values.data.ptr), u64(layout.pos.data.ptr),
                 u64(layout.rows.data.ptr), u64(0), i32(m_rows), i32(n_cols), i32(k_dim),
                 i64(lda), i64(ldb), i64(n_cols), i32(stages_total),
@@ -223,7 +261,7 @@ class Kernel:
         sms = device_info().sms
         return LaunchPlan(main, reduce, (ldb // c.ns, -(-m_rows // c.ms), c.split_k),
                           c.threads, c.smem_bytes, args, n_cols % 4 == 0,
-                          max(1, min(-(-m_rows * n_cols // 256), sms * 16)))
+                          max(1, min(-(-m_rows * n_cols // 256), sms * 16)), copy_a)
 
     def __call__(self, a: Any, b: NMMatrix, out: Any = None, stream: Any = None) -> Any:
         return self.run(a, operand(a, "a"), b, out, stream)
@@ -242,12 +280,22 @@ class Kernel:
             plan = b._prepared[key] = self._plan(b, a_op.device, m_rows, lda, key[-1])
         handle = _stream(stream, a_op)
         stream_ptr = _current_stream_ptr() if handle is None else handle.ptr
-        if plan.reduce is None:
+        if plan.reduce is None and plan.copy_a is None:
             plan.launch(a_op.ptr, c_op.ptr, stream_ptr)
             return out
+        # Workspaces come from CuPy's pool on the launch stream, so that a later call on
+        # the same stream reuses them only after these kernels.
         with handle if handle is not None else cp.cuda.get_current_stream():
+            a_ptr = a_op.ptr
+            if plan.copy_a is not None:
+                a_copy = cp.empty((b.shape[0], plan.copy_a.ld), np.float32)
+                plan.launch_copy_a(a_ptr, a_copy.data.ptr, stream_ptr)
+                a_ptr = a_copy.data.ptr
+            if plan.reduce is None:
+                plan.launch(a_ptr, c_op.ptr, stream_ptr)
+                return out
             workspace = cp.empty((self.config.split_k, m_rows, n_cols), np.float32)
-            plan.launch(a_op.ptr, workspace.data.ptr, stream_ptr)
+            plan.launch(a_ptr, workspace.data.ptr, stream_ptr)
             plan.reduce((plan.reduce_grid,), (256,), (workspace, np.uint64(c_op.ptr),
                                                      np.int32(m_rows), np.int32(n_cols),
                                                      np.int64(n_cols)), 0, handle)
