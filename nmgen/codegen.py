@@ -21,6 +21,9 @@ TEMPLATE_OF_FAMILY = {Family.F32_SIMT: "nm_spmm_f32.cu.j2"}
 # less time on five of six kernels (13 % more on one; results/unroll_h100/nvcc_seconds.txt),
 # which is what tuning waits on.
 ROW_UNROLL = 16
+# The transpose kernel of a copied A tile ("tx") moves COPY_A_TILE x COPY_A_TILE floats a
+# block of 256 threads; the launcher sizes its grid by it.
+COPY_A_TILE = 64
 
 
 @dataclass(frozen=True)
@@ -104,5 +107,6 @@ def _render(template: jinja2.Template, config: KernelConfig) -> KernelSource:
         m_major_tile=config.a_tile is ATile.M_MAJOR,
         unroll_w=row_unroll(config),
         min_blocks=min_blocks_per_sm(config),
+        copy_tile=COPY_A_TILE,
     )
     return KernelSource(config, code)

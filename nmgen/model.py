@@ -28,6 +28,11 @@ MAX_BLOCKS_PER_SM = 32
 # issue slots the best kernels fill, and the fixed cost of one main-loop stage (barrier,
 # pipeline turn-around) in cycles.
 STALL_FACTOR = 0.70
+# Row-major A transposed inside the kernel (landing "tk" and staged "tr" tiles) waits on
+# its transposing loads and stores: 12-16 % slower than the same tile on K-major A in the
+# core benchmark of the eighth session (results/core_h100, 4096^3), beyond what its extra
+# instructions explain.
+IN_KERNEL_TRANSPOSE_FACTOR = 0.88
 STAGE_OVERHEAD_CYCLES = 1200
 # Instruction counts read off the SASS of the main loop (sm_90): per compressed row the
 # index read and addressing; per stage the copies, the transposition and the loop/barrier.
@@ -241,7 +246,8 @@ def _fixed(config: KernelConfig, gpu: GpuSpec) -> _Fixed:
     warps = per_sm * config.threads / 32
     occupancy_eff = min(1.0, 0.75 + warps / 32)
     issue = issue_efficiency(config)
-    return _Fixed(feasible(config, gpu), per_sm, issue * occupancy_eff * STALL_FACTOR, issue,
+    stalls = STALL_FACTOR * (IN_KERNEL_TRANSPOSE_FACTOR if config.transposed else 1.0)
+    return _Fixed(feasible(config, gpu), per_sm, issue * occupancy_eff * stalls, issue,
                   _a_rows_fraction(config), block_intensity(config))
 
 

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..codegen import render
+from ..codegen import COPY_A_TILE, render
 from ..config import ALayout, Arch, KernelConfig
 from ..format import NMMatrix
 from ..model import arch_of_capability
@@ -246,7 +246,7 @@ class Kernel:
         copy_a = None
         if transpose is not None:  # the main kernel reads an aligned K-major copy
             ld = -(-m_rows // 4) * 4
-            copy_a = CopyA(transpose, (-(-k_dim // 32), -(-ld // 32)), ld,
+            copy_a = CopyA(transpose, (-(-k_dim // COPY_A_TILE), -(-ld // COPY_A_TILE)), ld,
                            [u64(0), u64(0), i32(m_rows), i32(k_dim), i64(lda), i64(ld)])
             lda, a_aligned = ld, True  # the workspace comes from CuPy's pool: 256-B aligned
         # 16-byte copies along A's contiguous dimension need it and the rows aligned.
