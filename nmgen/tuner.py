@@ -79,6 +79,41 @@ def default_ahead_workers(compile_workers: int) -> int:
 
 
 @dataclass(frozen=True)
+class SearchSpace:
+    """The values each tuned parameter may take: by default the whole space; a smaller
+    one serves comparisons that must enumerate it (tools/exhaustive.py)."""
+
+    warps: tuple[str, ...] = tuple(f"{a}x{b}" for a, b in WARP_LAYOUTS)
+    ms: tuple[int, ...] = MS_CHOICES
+    ns: tuple[int, ...] = NS_CHOICES
+    ks_windows: tuple[int, ...] = KS_WINDOW_CHOICES
+    mt: tuple[int, ...] = MT_CHOICES
+    nt: tuple[int, ...] = NT_CHOICES
+    packing: tuple[bool, ...] = (False, True)
+    stages: tuple[int, ...] = STAGE_CHOICES
+    split_k: tuple[int, ...] = SPLIT_K_CHOICES
+    a_tiles: tuple[str, ...] = tuple(t.value for t in ATile)  # as far as the layout allows
+
+    def contains(self, config: KernelConfig) -> bool:
+        return (f"{config.warp_m}x{config.warp_n}" in self.warps and config.ms in self.ms
+                and config.ns in self.ns and config.ks // config.m in self.ks_windows
+                and config.ks % config.m == 0 and config.mt in self.mt
+                and config.nt in self.nt and config.packing in self.packing
+                and config.stages in self.stages and config.split_k in self.split_k
+                and config.a_tile.value in self.a_tiles)
+
+
+FULL_SPACE = SearchSpace()
+# Small enough to time every configuration on a GPU in minutes (~1,000 at K-major 8:32):
+# the warp layouts, block tiles and pipelines of the fastest kernels of the core
+# benchmark and the tuned database; no packing, no split-K.
+CORE_SPACE = SearchSpace(warps=("8x4", "4x8", "16x2"), ms=(32, 64, 128, 256),
+                         ns=(64, 128, 256, 512), packing=(False,), stages=(2, 3),
+                         split_k=(1,))
+SPACES = {"full": FULL_SPACE, "core": CORE_SPACE}
+
+
+@dataclass(frozen=True)
 class TuneTask:
     gpu: GpuSpec
     n: int
@@ -88,6 +123,7 @@ class TuneTask:
     rows: int
     cols: int
     depth: int
+    space: SearchSpace = FULL_SPACE
 
     @property
     def problem(self) -> Problem:
@@ -108,15 +144,18 @@ class TuneTask:
 
 # ------------------------------------------------------------------ search space
 def _tiles(task: TuneTask) -> tuple[str, ...]:
-    return tuple(t.value for t in ATile) if task.a_layout is ALayout.ROW_MAJOR else ("tk",)
+    if task.a_layout is ALayout.ROW_MAJOR:
+        return task.space.a_tiles
+    return ("tk",)
 
 
 def search_choices(task: TuneTask) -> dict[str, tuple]:
     """The tuner's parameters and the values each may take (Optuna's categorical space)."""
-    return {"warp": tuple(f"{a}x{b}" for a, b in WARP_LAYOUTS), "ms": MS_CHOICES,
-            "ns": NS_CHOICES, "ks_windows": KS_WINDOW_CHOICES, "mt": MT_CHOICES,
-            "nt": NT_CHOICES, "packing": (False, True), "stages": STAGE_CHOICES,
-            "split_k": SPLIT_K_CHOICES, "a_tile": _tiles(task)}
+    space = task.space
+    return {"warp": space.warps, "ms": space.ms, "ns": space.ns,
+            "ks_windows": space.ks_windows, "mt": space.mt, "nt": space.nt,
+            "packing": space.packing, "stages": space.stages, "split_k": space.split_k,
+            "a_tile": _tiles(task)}
 
 
 def suggest_config(trial: optuna.Trial, task: TuneTask) -> KernelConfig | None:
@@ -134,9 +173,6 @@ def params_of(config: KernelConfig) -> dict:
             "a_tile": config.a_tile.value}
 
 
-def in_space(config: KernelConfig) -> bool:
-    return (config.ks // config.m in KS_WINDOW_CHOICES and config.split_k in SPLIT_K_CHOICES
-            and config.ms in MS_CHOICES and config.ns in NS_CHOICES)
 
 
 def _from_params(task: TuneTask, params: dict) -> KernelConfig | None:
@@ -159,7 +195,7 @@ def _tell(study: optuna.Study, trial: optuna.Trial, value: float, violation: flo
 def model_seeds(task: TuneTask, count: int) -> tuple[KernelConfig, ...]:
     """The model's best feasible configurations (split-K 1 and the best split); cached,
     as a study's seeds are asked for ahead of it (compile ahead) and again when it runs."""
-    candidates = list(enumerate_configs(task.problem))
+    candidates = [c for c in enumerate_configs(task.problem) if task.space.contains(c)]
     if task.a_layout is ALayout.ROW_MAJOR:  # landing tiles: rarely the best (core grid)
         candidates = [c for c in candidates if c.a_tile is not ATile.K_MAJOR] or candidates
     ranked = rank(candidates, task.gpu, task.rows, task.cols, task.depth)
@@ -175,7 +211,7 @@ def model_seeds(task: TuneTask, count: int) -> tuple[KernelConfig, ...]:
             break
     if seeds:
         base = params_of(seeds[0])
-        splits = [c for s in SPLIT_K_CHOICES[1:]
+        splits = [c for s in task.space.split_k if s > 1
                   if (c := _from_params(task, {**base, "split_k": s})) is not None]
         best_split = rank(splits, task.gpu, task.rows, task.cols, task.depth)
         if best_split and best_split[0][0] < ranked[0][0]:
@@ -520,7 +556,7 @@ class Tuner:
         neighbours = list(dict.fromkeys(w.config for _, w in nearest))[:SEEDS_FROM_TUNED]
         core = core_config(task.problem)
         seeds = [*([core] if core else []), *neighbours, *model_seeds(task, SEEDS_FROM_MODEL)]
-        return [c for c in dict.fromkeys(seeds) if in_space(c)]
+        return [c for c in dict.fromkeys(seeds) if task.space.contains(c)]
 
     @staticmethod
     def _planned(study: optuna.Study) -> int:

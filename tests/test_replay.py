@@ -3,6 +3,7 @@ from the table, and the result compares its winner with the table's best."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import zlib
 
@@ -12,7 +13,7 @@ from nmgen.config import ALayout
 from nmgen.db import TrialStatus
 from nmgen.model import estimate, gpu_spec
 from nmgen.replay import MissingRecord, Record, exhaustive_best, read_tables, replay, search_space
-from nmgen.tuner import TuneTask, model_seeds
+from nmgen.tuner import CORE_SPACE, TuneTask, model_seeds
 
 SHAPE = (512, 2048, 2048)
 TASK = TuneTask(gpu_spec("h100"), 8, 32, 32, ALayout.K_MAJOR, *SHAPE)
@@ -69,3 +70,17 @@ def test_a_table_missing_a_configuration_is_an_error(space):
         del table[seed.name]
     with pytest.raises(MissingRecord, match="not in the exhaustive table"):
         list(replay([TASK], {SHAPE: table}, trials=8, seeds=[0]))
+
+
+def test_a_smaller_space_bounds_the_whole_search(space, tmp_path):
+    """With a smaller space the tuner asks only for its configurations, seeds included:
+    a table of that space alone serves the whole replay."""
+    task = dataclasses.replace(TASK, space=CORE_SPACE)
+    small = search_space(task)
+    assert 0 < len(small) < len(space) / 5
+    assert set(small) <= set(space) and all(CORE_SPACE.contains(c) for c in small)
+    assert set(model_seeds(task, 6)) <= set(small)
+    table = {name: rec for name, rec in recorded(space).items()
+             if name in {c.name for c in small}}
+    results = list(replay([task], {SHAPE: table}, trials=24, seeds=[0]))
+    assert results[0].space == len(small) and results[0].trials == 24

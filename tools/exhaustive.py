@@ -9,6 +9,10 @@ measure (GPU): every configuration of the tuner's space (``nmgen.replay.search_s
         --pattern 8:32 --layout km --shapes shapes/exhaustive.txt \\
         --out results/exhaustive_h100
 
+    ``--space core`` (``nmgen.tuner.CORE_SPACE``, ~900 configurations) in place of the
+    tuner's whole space (~20,000 at K-major 8:32, hours of compiling): the search is then
+    replayed in that same smaller space.
+
 replay (CPU): the real tuner, seeded by the model, replayed on those numbers
     (``nmgen.replay``) for several trial budgets and seeds; prints and writes how far its
     winner is from the exhaustive best and what share of the space it tried.
@@ -34,13 +38,19 @@ from nmgen.model import gpu_spec  # noqa: E402
 from nmgen.replay import read_tables, replay, search_space  # noqa: E402
 from nmgen.report import markdown_table  # noqa: E402
 from nmgen.shapes import read_shapes  # noqa: E402
-from nmgen.tuner import TuneTask  # noqa: E402
+from nmgen.tuner import SPACES, TuneTask  # noqa: E402
 
 
 def tasks_of(args: argparse.Namespace) -> list[TuneTask]:
     p = Pattern.parse(args.pattern)
-    return [TuneTask(gpu_spec(args.gpu), p.n, p.m, args.vec, ALayout(args.layout), *shape)
+    return [TuneTask(gpu_spec(args.gpu), p.n, p.m, args.vec, ALayout(args.layout), *shape,
+                     space=SPACES[args.space])
             for shape in read_shapes(args.shapes)]
+
+
+def stem(args: argparse.Namespace) -> str:
+    """Output files of one (pattern, layout, space)."""
+    return f"{args.pattern.replace(':', '_')}_{args.layout}_{args.space}"
 
 
 def measure(args: argparse.Namespace) -> None:
@@ -53,7 +63,7 @@ def measure(args: argparse.Namespace) -> None:
     tasks = tasks_of(args)
     space = search_space(tasks[0])[index::count]
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{args.pattern.replace(':', '_')}_{args.layout}_slice{index}of{count}.jsonl"
+    path = args.out / f"{stem(args)}_slice{index}of{count}.jsonl"
     lines = path.read_text().splitlines() if path.exists() else []
     done = {(tuple(r["shape"]), r["config"]) for r in map(json.loads, lines)}
     start = time.monotonic()
@@ -81,8 +91,7 @@ def measure(args: argparse.Namespace) -> None:
 
 
 def replay_runs(args: argparse.Namespace) -> None:
-    tables = read_tables(sorted(args.out.glob(
-        f"{args.pattern.replace(':', '_')}_{args.layout}_slice*.jsonl")))
+    tables = read_tables(sorted(args.out.glob(f"{stem(args)}_slice*.jsonl")))
     seeds = range(int(args.seeds.split("-")[0]), int(args.seeds.split("-")[-1]) + 1)
     rows, record = [], []
     for trials in (int(t) for t in args.trials.split(",")):
@@ -97,9 +106,8 @@ def replay_runs(args: argparse.Namespace) -> None:
     table = markdown_table(["shape", "trials", "space", "share of space",
                             "gap to exhaustive (median)", "worst", "exhaustive best ms"], rows)
     print(table)
-    stem = f"replay_{args.pattern.replace(':', '_')}_{args.layout}"
-    (args.out / f"{stem}.md").write_text(table)
-    (args.out / f"{stem}.json").write_text(json.dumps(record, indent=1) + "\n")
+    (args.out / f"replay_{stem(args)}.md").write_text(table)
+    (args.out / f"replay_{stem(args)}.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
 def log(text: str) -> None:
@@ -113,6 +121,8 @@ def main() -> None:
     parser.add_argument("--pattern", default="8:32")
     parser.add_argument("--vec", type=int, default=32)
     parser.add_argument("--layout", choices=("rm", "km"), default="km")
+    parser.add_argument("--space", choices=sorted(SPACES), default="full",
+                        help="the tuner's whole space, or a smaller one (nmgen.tuner.SPACES)")
     parser.add_argument("--shapes", default="shapes/exhaustive.txt", help="a shapes file")
     parser.add_argument("--out", type=Path, default=Path("results/exhaustive_h100"))
     parser.add_argument("--slice", default="0/1", help="i/n: this process's share")
