@@ -29,9 +29,9 @@ MAX_BLOCKS_PER_SM = 32
 # pipeline turn-around) in cycles.
 STALL_FACTOR = 0.70
 # Row-major A transposed inside the kernel (landing "tk" and staged "tr" tiles) waits on
-# its transposing loads and stores: 12-16 % slower than the same tile on K-major A in the
-# core benchmark of the eighth session (results/core_h100, 4096^3), beyond what its extra
-# instructions explain.
+# its transposing loads and stores: their best kernels were 12-19 % slower than the best
+# on K-major A in the core benchmark of the eighth session (results/core_h100, 4096^3),
+# beyond what their extra instructions explain.
 IN_KERNEL_TRANSPOSE_FACTOR = 0.88
 STAGE_OVERHEAD_CYCLES = 1200
 # Instruction counts read off the SASS of the main loop (sm_90): per compressed row the
