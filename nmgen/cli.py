@@ -209,10 +209,12 @@ def _draw(rows, ceilings: dict, out: Path, device: str) -> list[Path]:
 def _plot(args: argparse.Namespace) -> int:
     import json
 
-    from .results import read_csv
+    from .results import markdown_report, read_csv
 
     rows = read_csv(args.dir / "bench.csv")
     record = json.loads((args.dir / "bench.json").read_text())
+    (args.dir / "bench.md").write_text(markdown_report(rows))
+    print(args.dir / "bench.md")
     for path in _draw(rows, record["ceilings"], args.dir, record.get("device", "")):
         print(path)
     return 0
@@ -274,7 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-plots", action="store_true", help="tables only")
     bench.set_defaults(run=_bench)
 
-    plot = sub.add_parser("plot", help="redraw the plots of a recorded bench output")
+    plot = sub.add_parser("plot", help="redraw the tables and plots of a recorded bench "
+                          "output")
     plot.add_argument("dir", type=Path, help="an nmgen bench --out directory")
     plot.set_defaults(run=_plot)
     return parser

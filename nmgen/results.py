@@ -182,6 +182,23 @@ def summary_table(rows: Sequence[BenchRow]) -> str:
          for s in summary(rows)])
 
 
+def by_m_table(rows: Sequence[BenchRow]) -> str:
+    """Geometric-mean speedup over SGEMM of each pattern over the shapes of each M."""
+    ms = sorted({r.M for r in rows})
+    body = []
+    for pattern in dict.fromkeys(r.pattern for r in rows):
+        cells = [[r.speedup for r in rows if r.pattern == pattern and m == r.M] for m in ms]
+        body.append([pattern, *(f"{geomean(c):.2f}x" if c else "–" for c in cells)])
+    return markdown_table(["pattern", *(f"M = {m}" for m in ms)], body)
+
+
+def markdown_report(rows: Sequence[BenchRow]) -> str:
+    """bench.md: the summary, the speedup by M, then every shape."""
+    return ("## Summary\n\n" + summary_table(rows)
+            + "\n## Geomean speedup over SGEMM by M\n\n" + by_m_table(rows)
+            + "\n## Every shape\n\n" + shapes_table(rows))
+
+
 def _core_cells(s: dict) -> list[str]:
     if not s["core_shapes"]:
         return ["not timed"] * 3
@@ -196,8 +213,7 @@ def write_all(rows: Sequence[BenchRow], out: Path, ceilings: dict | None = None,
     """bench.csv, bench.md (summary, then every shape) and bench.json (ceilings, run)."""
     out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out / "bench.csv")
-    (out / "bench.md").write_text("## Summary\n\n" + summary_table(rows)
-                                  + "\n## Every shape\n\n" + shapes_table(rows))
+    (out / "bench.md").write_text(markdown_report(rows))
     (out / "bench.json").write_text(json.dumps({"ceilings": ceilings, **(meta or {}),
                                                 "summary": summary(rows)}, indent=2) + "\n")
     return [out / "bench.csv", out / "bench.md", out / "bench.json"]

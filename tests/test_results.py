@@ -90,6 +90,8 @@ def test_csv_markdown_json_hold_the_numbers(tmp_path):
     assert "| 4:32 | 4096 | 8192 | 4096 | 0.5000 | 3.2000 | 6.40x |" in md
     assert "| 0.900, 0.900 | 1 (1) of 1 |" in md and "| not timed | not timed |" not in md
     assert "| model | 5.0e-01 | 0.4500 |" in md and "| exact | 2.0e-07 | – |" in md
+    assert "| pattern | M = 256 | M = 4096 |" in md
+    assert "| 8:32 | 3.00x | 3.20x |" in md and "| 4:32 | 3.75x | 6.40x |" in md
     record = json.loads((tmp_path / "bench.json").read_text())
     assert record["ceilings"] == CEILINGS and record["device"].startswith("NVIDIA H100")
     assert record["summary"][1]["wrong"] == 1
