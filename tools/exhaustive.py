@@ -13,6 +13,9 @@ measure (GPU): every configuration of the tuner's space (``nmgen.replay.search_s
     tuner's whole space (~20,000 at K-major 8:32, hours of compiling): the search is then
     replayed in that same smaller space.
 
+model (CPU): how the analytic model ranks the measured space (rank correlation, the
+    measured best's place in the model's order, its seeds against the best).
+
 replay (CPU): the real tuner, seeded by the model, replayed on those numbers
     (``nmgen.replay``) for several trial budgets and seeds; prints and writes how far its
     winner is from the exhaustive best and what share of the space it tried.
@@ -115,13 +118,48 @@ def replay_runs(args: argparse.Namespace) -> None:
     (args.out / f"replay_{stem(args)}.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
+def model_check(args: argparse.Namespace) -> None:
+    """How the analytic model ranks the measured space (CPU): its rank correlation with
+    the measured times, where the measured best stands in its order, and how far the best
+    of its first few (the tuner's model seeds) is from the measured best."""
+    import numpy as np
+
+    from nmgen.model import estimate, rank
+    from nmgen.tuner import SEEDS_FROM_MODEL, model_seeds
+
+    tables = read_tables(sorted(args.out.glob(f"{stem(args)}_slice*.jsonl")))
+    rows = []
+    for task in tasks_of(args):
+        shape = (task.rows, task.cols, task.depth)
+        table = tables[shape]
+        configs = [c for c in search_space(task)
+                   if table[c.name].status == "ok" and table[c.name].ms is not None]
+        measured = np.array([table[c.name].ms for c in configs])
+        modelled = np.array([estimate(c, task.gpu, *shape).time_ms for c in configs])
+        rho = np.corrcoef(np.argsort(np.argsort(measured)),
+                          np.argsort(np.argsort(modelled)))[0, 1]
+        order = [c.name for _, c in rank(configs, task.gpu, *shape)]
+        best = configs[int(np.argmin(measured))].name
+        seeds = model_seeds(task, SEEDS_FROM_MODEL)
+        seeds_best = min(table[c.name].ms for c in seeds)
+        rows.append([f"{shape[0]}x{shape[1]}x{shape[2]}", len(configs), f"{rho:.2f}",
+                     order.index(best) + 1, f"{table[order[0]].ms / measured.min():.3f}",
+                     f"{seeds_best / measured.min():.3f}"])
+    table_md = markdown_table(
+        ["shape", "configurations", "Spearman rank correlation, model and measured",
+         "measured best's place in the model's order", "model's first / best",
+         f"best of the {SEEDS_FROM_MODEL} model seeds / best"], rows)
+    print(table_md)
+    (args.out / f"model_{stem(args)}.md").write_text(table_md)
+
+
 def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("step", choices=("measure", "replay"))
+    parser.add_argument("step", choices=("measure", "replay", "model"))
     parser.add_argument("--gpu", default="h100")
     parser.add_argument("--pattern", default="8:32")
     parser.add_argument("--vec", type=int, default=32)
@@ -135,7 +173,7 @@ def main() -> None:
     parser.add_argument("--trials", default="16,32,64,128", help="replay: trial budgets")
     parser.add_argument("--seeds", default="0-4", help="replay: sampler seeds, a-b")
     args = parser.parse_args()
-    (measure if args.step == "measure" else replay_runs)(args)
+    {"measure": measure, "replay": replay_runs, "model": model_check}[args.step](args)
 
 
 if __name__ == "__main__":
