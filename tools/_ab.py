@@ -5,13 +5,16 @@ before it is timed."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
+from pathlib import Path
 
 from _sass import opcode
 
@@ -22,6 +25,17 @@ from nmgen.gpu.launch import NVRTC_OPTIONS
 from nmgen.space import CORE_BEST, Problem, core_config
 
 SASS_LINE = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(\S.*)$")
+
+
+def add_variant_args(parser: argparse.ArgumentParser, nvcc_help: str) -> None:
+    """The options both A/B tools take: the kernels, the problem size, the output folder
+    and the host-only nvcc mode (with SASS counts where cuobjdump is found)."""
+    parser.add_argument("--configs", default="", help="kernel names (default: the core's best)")
+    parser.add_argument("--size", type=int, default=4096)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--cuobjdump", default=shutil.which("cuobjdump"),
+                        help="with --nvcc-only: count the SASS too")
+    parser.add_argument("--nvcc-only", action="store_true", help=nvcc_help)
 
 
 def configs_of(names: str, arch: Arch) -> list[KernelConfig]:

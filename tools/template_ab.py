@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _ab import configs_of, nvcc_table, precompile  # noqa: E402
+from _ab import add_variant_args, configs_of, nvcc_table, precompile  # noqa: E402
 
 from nmgen.codegen import render, render_text  # noqa: E402
 from nmgen.config import Arch  # noqa: E402
@@ -30,14 +29,8 @@ from nmgen.report import markdown_table  # noqa: E402
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", type=Path, required=True, help="template file of version A")
-    parser.add_argument("--configs", default="", help="kernel names (default: the core's best)")
-    parser.add_argument("--size", type=int, default=4096)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--cuobjdump", default=shutil.which("cuobjdump"),
-                        help="with --nvcc-only: count the SASS too")
-    parser.add_argument("--nvcc-only", action="store_true",
-                        help="compile both versions with nvcc here instead (no GPU)")
+    add_variant_args(parser, "compile both versions with nvcc here instead (no GPU)")
     args = parser.parse_args()
     base = args.base.read_text()
     if args.nvcc_only:

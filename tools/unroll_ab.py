@@ -15,13 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _ab import configs_of, nvcc_table, precompile  # noqa: E402
+from _ab import add_variant_args, configs_of, nvcc_table, precompile  # noqa: E402
 
 from nmgen.codegen import KernelSource, render  # noqa: E402
 from nmgen.config import Arch  # noqa: E402
@@ -46,14 +45,8 @@ def variants_of(arch: Arch, unrolls: list[int], names: str = "") -> list[tuple]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", type=int, default=4096)
     parser.add_argument("--unrolls", default="0,16,8,4", help="0: full (WS)")
-    parser.add_argument("--configs", default="", help="kernel names (default: the core's best)")
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--cuobjdump", default=shutil.which("cuobjdump"),
-                        help="with --nvcc-only: count the SASS too")
-    parser.add_argument("--nvcc-only", action="store_true",
-                        help="time nvcc on each variant instead (sm_90, no GPU)")
+    add_variant_args(parser, "time nvcc on each variant instead (sm_90, no GPU)")
     args = parser.parse_args()
     unrolls = [int(u) for u in args.unrolls.split(",")]
     if args.nvcc_only:
