@@ -142,3 +142,26 @@ def test_time_in_turns_times_each_alike():
 
     times = timing.time_in_turns({"short": wait(100), "long": wait(300)}, rounds=3, repeat=5)
     assert 0.095 <= times["short"] < 0.15 and 0.295 <= times["long"] < 0.35, times
+
+
+def test_host_lock_lets_one_holder_in_at_a_time(tmp_path):
+    """Two holders of one kernel's lock (separate opens, as separate processes do) never
+    overlap; another kernel's lock does not wait for them."""
+    import threading
+
+    spans: dict[str, list[tuple[float, float]]] = {"a": [], "b": []}
+
+    def hold(name: str) -> None:
+        with timing.host_lock(name, tmp_path):
+            start = time.perf_counter()
+            time.sleep(0.2)
+            spans[name].append((start, time.perf_counter()))
+
+    threads = [threading.Thread(target=hold, args=(n,)) for n in ("a", "a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (s1, e1), (s2, e2) = sorted(spans["a"])
+    assert s2 >= e1  # the second holder of "a" entered after the first left
+    assert spans["b"][0][0] < e1  # "b" ran beside the first holder of "a"

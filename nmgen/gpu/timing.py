@@ -4,12 +4,15 @@ compiling many kernels ahead of timing in a process pool."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import math
+import os
 import statistics
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from multiprocessing import get_context
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -82,13 +85,35 @@ def time_in_turns(fns: dict[str, Callable[[int], object]], rounds: int = 3,
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
+def kernel_cache_dir() -> Path:
+    """CuPy's on-disk kernel cache (``CUPY_CACHE_DIR``, else its default)."""
+    return Path(os.environ.get("CUPY_CACHE_DIR") or Path.home() / ".cupy" / "kernel_cache")
+
+
+@contextlib.contextmanager
+def host_lock(name: str, folder: Path | None = None):
+    """Only one process of this host at a time holds ``name``'s lock. Around a kernel's
+    compile, the workers of one host (``--devices``), which share CuPy's cache, compile
+    each kernel once: the others wait, then find it in the cache (both compiled the seeds
+    every study starts with, results/scale_h200x2/README.md)."""
+    folder = folder or kernel_cache_dir() / "nmgen-locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{name}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _compile_one(config_json: str) -> str | None:
     """Worker: compile through NVRTC so that CuPy's on-disk cache holds the result."""
     cp = _cupy()
     config = KernelConfig.from_json(config_json)
     try:
-        cp.RawModule(code=render(config).code, options=NVRTC_OPTIONS,
-                     backend="nvrtc").compile()
+        with host_lock(config.name):
+            cp.RawModule(code=render(config).code, options=NVRTC_OPTIONS,
+                         backend="nvrtc").compile()
     except Exception as exc:  # reported, not raised: one bad kernel must not stop a batch
         return f"{config.name}: {exc}"
     return None
