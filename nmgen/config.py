@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from enum import Enum
 from typing import Any
@@ -281,42 +282,43 @@ class KernelConfig:
         return 4 * (self.stages * sum(self.stage_words) + self.landing_tiles * self.landing_words
                     + self.compute_tiles * self.a_words)
 
-    def _rules(self) -> list[tuple[str, bool]]:
-        pos = all(v >= 1 for v in (self.n, self.m, self.vec, self.ms, self.ns, self.ks,
-                                   self.mt, self.nt, self.warp_m, self.warp_n, self.stages,
-                                   self.split_k))
-        if not pos:
-            return [("all sizes >= 1", False)]
-        return [
-            ("1 <= n <= m", self.n <= self.m),
-            (f"m <= {MAX_M}", self.m <= MAX_M),
-            ("KS % m == 0", self.ks % self.m == 0),
-            ("NS % L == 0 or L % NS == 0", self.ns % self.vec == 0 or self.vec % self.ns == 0),
-            ("NT % L == 0 or L % NT == 0", self.nt % self.vec == 0 or self.vec % self.nt == 0),
-            ("MT % 4 == 0 and NT % 4 == 0 (float4 fragments)", self.mt % 4 == 0
-             and self.nt % 4 == 0),
-            ("warp_m * warp_n == 32", self.warp_m * self.warp_n == 32),
-            ("MS % (MT * warp_m) == 0", self.ms % (self.mt * self.warp_m) == 0),
-            ("NS % (NT * warp_n) == 0", self.ns % (self.nt * self.warp_n) == 0),
-            (f"threads = (MS/MT)*(NS/NT) <= {MAX_THREADS}", self.threads <= MAX_THREADS),
-            ("MT * NT <= 128 accumulators", self.mt * self.nt <= 128),
-            (f"1 <= stages <= {MAX_STAGES}", self.stages <= MAX_STAGES),
-            ("KS <= 1024", self.ks <= 1024),
-            ("M-major, staged and copied A tiles (tm, tr, tx) need row-major A (rm)",
-             self.a_tile is ATile.K_MAJOR or self.a_layout is ALayout.ROW_MAJOR),
-            ("staged A tile (tr) without packing", not (self.staged and self.packing)),
-            ("staged A tile (tr) needs the swizzled tile (32 | MS, 32 | A rows, MT 4 or "
-             "warp_m >= 8) and at most 16 chunks a thread",
-             not self.staged or (self.swizzle and self.a_slots <= 16)),
-            (f"registers (~{self.registers_estimate}) <= {MAX_REGISTERS}",
-             self.registers_estimate <= MAX_REGISTERS),
-            (f"threads * registers ({self.threads} * ~{self.registers_estimate}) <= "
-             f"{REGISTERS_PER_SM} per SM", self.threads * self.registers_estimate
-             <= REGISTERS_PER_SM),
-            (f"shared memory {self.smem_bytes} B <= {self.arch.max_smem_per_block} B "
-             f"({self.arch.value} limit per block)",
-             self.smem_bytes <= self.arch.max_smem_per_block),
-        ]
+    def _rules(self) -> Iterator[tuple[str, bool]]:
+        """(rule, holds) pairs, cheap ones first; lazily, so that a configuration is
+        refused at its first broken rule without working out the costly rest (the
+        tuner's space tries ~60,000 a pattern)."""
+        if not all(v >= 1 for v in (self.n, self.m, self.vec, self.ms, self.ns, self.ks,
+                                    self.mt, self.nt, self.warp_m, self.warp_n, self.stages,
+                                    self.split_k)):
+            yield "all sizes >= 1", False
+            return
+        yield ("1 <= n <= m", self.n <= self.m)
+        yield (f"m <= {MAX_M}", self.m <= MAX_M)
+        yield ("KS % m == 0", self.ks % self.m == 0)
+        yield ("NS % L == 0 or L % NS == 0", self.ns % self.vec == 0 or self.vec % self.ns == 0)
+        yield ("NT % L == 0 or L % NT == 0", self.nt % self.vec == 0 or self.vec % self.nt == 0)
+        yield ("MT % 4 == 0 and NT % 4 == 0 (float4 fragments)", self.mt % 4 == 0
+               and self.nt % 4 == 0)
+        yield ("warp_m * warp_n == 32", self.warp_m * self.warp_n == 32)
+        yield ("MS % (MT * warp_m) == 0", self.ms % (self.mt * self.warp_m) == 0)
+        yield ("NS % (NT * warp_n) == 0", self.ns % (self.nt * self.warp_n) == 0)
+        yield (f"threads = (MS/MT)*(NS/NT) <= {MAX_THREADS}", self.threads <= MAX_THREADS)
+        yield ("MT * NT <= 128 accumulators", self.mt * self.nt <= 128)
+        yield (f"1 <= stages <= {MAX_STAGES}", self.stages <= MAX_STAGES)
+        yield ("KS <= 1024", self.ks <= 1024)
+        yield ("M-major, staged and copied A tiles (tm, tr, tx) need row-major A (rm)",
+               self.a_tile is ATile.K_MAJOR or self.a_layout is ALayout.ROW_MAJOR)
+        yield ("staged A tile (tr) without packing", not (self.staged and self.packing))
+        yield ("staged A tile (tr) needs the swizzled tile (32 | MS, 32 | A rows, MT 4 or "
+               "warp_m >= 8) and at most 16 chunks a thread",
+               not self.staged or (self.swizzle and self.a_slots <= 16))
+        yield (f"registers (~{self.registers_estimate}) <= {MAX_REGISTERS}",
+               self.registers_estimate <= MAX_REGISTERS)
+        yield (f"threads * registers ({self.threads} * ~{self.registers_estimate}) <= "
+               f"{REGISTERS_PER_SM} per SM", self.threads * self.registers_estimate
+               <= REGISTERS_PER_SM)
+        yield (f"shared memory {self.smem_bytes} B <= {self.arch.max_smem_per_block} B "
+               f"({self.arch.value} limit per block)",
+               self.smem_bytes <= self.arch.max_smem_per_block)
 
     # ----------------------------------------------------------------- naming
     @functools.cached_property  # the search sorts thousands by name, again for every shape

@@ -97,7 +97,7 @@ class SearchSpace:
     def contains(self, config: KernelConfig) -> bool:
         return (f"{config.warp_m}x{config.warp_n}" in self.warps and config.ms in self.ms
                 and config.ns in self.ns and config.ks // config.m in self.ks_windows
-                and config.ks % config.m == 0 and config.mt in self.mt
+                and config.mt in self.mt
                 and config.nt in self.nt and config.packing in self.packing
                 and config.stages in self.stages and config.split_k in self.split_k
                 and config.a_tile.value in self.a_tiles)
@@ -422,10 +422,13 @@ class Tuner:
         processes, once a study; returns how many kernels were queued."""
         if self.dry_run or self.ahead_workers <= 0:
             return 0
-        queued = 0
-        for task in tasks:
-            if task.study_name in self._ahead_done:
-                continue
+        new = [t for t in tasks if t.study_name not in self._ahead_done]
+        # Every study starts with the core kernel, the slowest of its seeds to compile: it
+        # goes first, as it needs no ranking of the space (the first ranking takes seconds).
+        cores = [(core_config(t.problem), t) for t in new]
+        queued = self._pool().ahead([c for c, t in cores if c is not None
+                                     and t.space.contains(c) and feasible(c, t.gpu) is None])
+        for task in new:
             self._ahead_done.add(task.study_name)
             key = GpuMeasurer.key_of(task)
             queued += self._pool().ahead([c for c in self.seeds(task, key)

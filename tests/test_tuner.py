@@ -117,3 +117,38 @@ def test_ahead_processes_share_the_host(monkeypatch):
                             raising=False)
         monkeypatch.setenv("NMGEN_LOCAL_WORKERS", str(local))
         assert tuner.default_ahead_workers(8) == ahead, (cpus, local)
+
+
+class RecordingPool:
+    """Stands in for the compile processes: keeps what was queued ahead, in order."""
+
+    def __init__(self):
+        self.queued: list[list[str]] = []
+
+    def ahead(self, configs):
+        self.queued.append([c.name for c in configs])
+        return len(configs)
+
+
+def test_core_kernels_queued_ahead_before_any_ranking(tmp_path, monkeypatch):
+    """compile_ahead queues the core kernel of each study before it ranks the space for
+    the other seeds (the first ranking takes seconds; the core kernel is the slowest
+    seed to compile), and each study's seeds only once."""
+    from nmgen import tuner as tuner_module
+
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    pool = RecordingPool()
+    tuner = Tuner(connect(url), url, ahead_workers=2, _compile_pool=pool)
+    tasks = [TuneTask(gpu_spec("h100"), n, 32, 32, ALayout.ROW_MAJOR, 256, 2048, 2048)
+             for n in (8, 4)]
+    monkeypatch.setattr(tuner_module.GpuMeasurer, "key_of",  # no device here
+                        staticmethod(lambda task: ModelMeasurer(task).key))
+    ranked_after: list[int] = []
+    real_model_seeds = tuner_module.model_seeds
+    monkeypatch.setattr(tuner_module, "model_seeds", lambda task, count: (
+        ranked_after.append(len(pool.queued)), real_model_seeds(task, count))[1])
+    tuner.compile_ahead(tasks)
+    cores = [core_config(t.problem).name for t in tasks]
+    assert pool.queued[0] == cores and min(ranked_after) == 1
+    assert [q[0] for q in pool.queued[1:]] == cores  # then each study's seeds, core first
+    assert tuner.compile_ahead(tasks) == 0 and len(pool.queued) == 4  # nothing twice

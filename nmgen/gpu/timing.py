@@ -119,10 +119,19 @@ def _compile_one(config_json: str) -> str | None:
     return None
 
 
+_WARM_SOURCE = 'extern "C" __global__ void nmgen_warm() {}'
+
+
 def _warm() -> None:
-    """Worker: load CuPy, so that a process's first kernel does not pay for it."""
-    with contextlib.suppress(ImportError):  # the CPU tests' fake compilers need none
-        _cupy()
+    """Worker: pay a process's one-time costs now, beside the tuner's own set-up, instead of
+    in its first kernel: loading CuPy and NVRTC and making a CUDA context (on an H100, the
+    first compile of 16 fresh processes took ~2 s longer than the next, and their first
+    CUDA call up to 2.2 s when all 16 made it at once: results/scale_h200x2/README.md)."""
+    try:
+        cp = _cupy()
+    except RuntimeError:  # no CuPy: the CPU tests' fake compilers need none
+        return
+    cp.RawModule(code=_WARM_SOURCE, options=NVRTC_OPTIONS, backend="nvrtc").compile()
 
 
 def _outcome(name: str, future: Future) -> str | None:
