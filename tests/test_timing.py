@@ -165,3 +165,30 @@ def test_host_lock_lets_one_holder_in_at_a_time(tmp_path):
     (s1, e1), (s2, e2) = sorted(spans["a"])
     assert s2 >= e1  # the second holder of "a" entered after the first left
     assert spans["b"][0][0] < e1  # "b" ran beside the first holder of "a"
+
+
+def _nice_compile(config_json: str) -> str | None:
+    """Stands in for NVRTC: notes each kernel with the niceness of the process compiling it."""
+    import os
+
+    from nmgen.config import KernelConfig
+
+    with open(os.environ["NMGEN_TEST_COMPILE_LOG"], "a") as log:
+        log.write(f"{KernelConfig.from_json(config_json).name} {os.nice(0)}\n")
+    return None
+
+
+def test_ahead_processes_yield_the_cpu_to_the_batch(tmp_path, monkeypatch):
+    import os
+
+    log = tmp_path / "compiled.txt"
+    monkeypatch.setenv("NMGEN_TEST_COMPILE_LOG", str(log))
+    configs = _configs()
+    with timing.CompilePool(2, ahead_workers=1, compile_one=_nice_compile) as pool:
+        pool.ahead(configs[:1])
+        pool.compile(configs[1:3])
+        pool._ahead[configs[0].name].result()  # done ahead, not cancelled at the close
+    nice = dict(line.split() for line in log.read_text().splitlines())
+    base = os.nice(0)
+    assert int(nice[configs[0].name]) == min(19, base + timing.AHEAD_NICE)
+    assert int(nice[configs[1].name]) == int(nice[configs[2].name]) == base
