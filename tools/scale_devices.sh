@@ -35,3 +35,18 @@ import sys
 walls = dict(line.split()[0:1] + [int(line.split("wall_ms=")[1])] for line in open(sys.argv[1]))
 print(f"ratio all/one: {walls['all'] / walls['one']:.3f}")
 PY
+# Tuned results of the two runs, shape by shape: winner time on all GPUs / on one GPU.
+python3 - "$out/one_show.txt" "$out/all_show.txt" <<'PY' | tee -a "$out/walls.txt"
+import math
+import sys
+
+def winners(path):
+    rows = [line.split() for line in open(path)][1:]
+    return {tuple(r[4:7]): float(r[8]) for r in rows if len(r) > 8}
+
+one, every = (winners(p) for p in sys.argv[1:])
+ratios = [every[s] / one[s] for s in one if s in every]
+geomean = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else float("nan")
+print(f"winners all/one over {len(ratios)} of {len(one)} shapes: geomean {geomean:.3f}, "
+      f"min {min(ratios, default=0):.3f}, max {max(ratios, default=0):.3f}")
+PY
