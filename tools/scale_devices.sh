@@ -7,6 +7,10 @@
 #   e.g. tools/scale_devices.sh "$OUT" results/scale_h200x2/shapes20.txt 8:32 16
 #
 # OUT receives one.log, all.log, one_show.txt, all_show.txt and walls.txt.
+# Where Python packages were installed without .pyc files (pip --no-compile with
+# PYTHONDONTWRITEBYTECODE set, as on the device machines), byte-compile them first
+# (python3 -m compileall -q SITE nmgen): every process would otherwise compile them on
+# import, seconds of each run's start.
 set -euo pipefail
 out=${1:?output folder}
 shapes=${2:-results/scale_h200x2/shapes20.txt}
