@@ -143,10 +143,14 @@ def test_core_kernels_queued_ahead_before_any_ranking(tmp_path, monkeypatch):
              for n in (8, 4)]
     monkeypatch.setattr(tuner_module.GpuMeasurer, "key_of",  # no device here
                         staticmethod(lambda task: ModelMeasurer(task).key))
-    ranked_after: list[int] = []
+    ranked_after: list[int] = []  # how many batches were queued when each ranking began
     real_model_seeds = tuner_module.model_seeds
-    monkeypatch.setattr(tuner_module, "model_seeds", lambda task, count: (
-        ranked_after.append(len(pool.queued)), real_model_seeds(task, count))[1])
+
+    def noted_model_seeds(task, count):
+        ranked_after.append(len(pool.queued))
+        return real_model_seeds(task, count)
+
+    monkeypatch.setattr(tuner_module, "model_seeds", noted_model_seeds)
     tuner.compile_ahead(tasks)
     cores = [core_config(t.problem).name for t in tasks]
     assert pool.queued[0] == cores and min(ranked_after) == 1
