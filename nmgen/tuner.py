@@ -173,8 +173,6 @@ def params_of(config: KernelConfig) -> dict:
             "a_tile": config.a_tile.value}
 
 
-
-
 def _from_params(task: TuneTask, params: dict) -> KernelConfig | None:
     warp_m, warp_n = (int(x) for x in params["warp"].split("x"))
     return try_config(task.problem, ms=params["ms"], ns=params["ns"],
@@ -425,14 +423,11 @@ class Tuner:
         new = [t for t in tasks if t.study_name not in self._ahead_done]
         # Every study starts with the core kernel, the slowest of its seeds to compile: it
         # goes first, as it needs no ranking of the space (the first ranking takes seconds).
-        cores = [(core_config(t.problem), t) for t in new]
-        queued = self._pool().ahead([c for c, t in cores if c is not None
-                                     and t.space.contains(c) and feasible(c, t.gpu) is None])
+        queued = self._pool().ahead([c for t in new for c in _feasible(t, _core_seed(t))])
         for task in new:
             self._ahead_done.add(task.study_name)
             key = GpuMeasurer.key_of(task)
-            queued += self._pool().ahead([c for c in self.seeds(task, key)
-                                          if feasible(c, task.gpu) is None])
+            queued += self._pool().ahead(_feasible(task, self.seeds(task, key)))
         return queued
 
     def confirm(self, task: TuneTask, measurer) -> dict[str, float]:
@@ -557,8 +552,7 @@ class Tuner:
                           if s != shape),
                          key=lambda sw: (shape_distance(sw[0], shape), sw[1].config.name))
         neighbours = list(dict.fromkeys(w.config for _, w in nearest))[:SEEDS_FROM_TUNED]
-        core = core_config(task.problem)
-        seeds = [*([core] if core else []), *neighbours, *model_seeds(task, SEEDS_FROM_MODEL)]
+        seeds = [*_core_seed(task), *neighbours, *model_seeds(task, SEEDS_FROM_MODEL)]
         return [c for c in dict.fromkeys(seeds) if task.space.contains(c)]
 
     @staticmethod
@@ -569,6 +563,17 @@ class Tuner:
     def _done(study: optuna.Study) -> int:
         return len(study.get_trials(deepcopy=False,
                                     states=(optuna.trial.TrialState.COMPLETE,)))
+
+
+def _core_seed(task: TuneTask) -> list[KernelConfig]:
+    """The core benchmark's hand-picked kernel for ``task``, where it has one in the space."""
+    core = core_config(task.problem)
+    return [core] if core is not None and task.space.contains(core) else []
+
+
+def _feasible(task: TuneTask, configs: Sequence[KernelConfig]) -> list[KernelConfig]:
+    """Those of ``configs`` that fit ``task``'s GPU (the rest are never compiled)."""
+    return [c for c in configs if feasible(c, task.gpu) is None]
 
 
 def compile_report(configs: list[KernelConfig]) -> list[dict]:

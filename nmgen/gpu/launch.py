@@ -147,13 +147,25 @@ def _params(args: list[ctypes._SimpleCData]) -> ctypes.Array:
     return (ctypes.c_void_p * len(args))(*[ctypes.addressof(v) for v in args])
 
 
+def _launch(function: Any, grid: tuple[int, int, int], threads: int, smem: int,
+            params: ctypes.Array, stream_ptr: int) -> None:
+    """``cuLaunchKernel`` of a 1-D block of ``threads``."""
+    _cupy().cuda.driver.launchKernel(function.ptr, *grid, threads, 1, 1, smem, stream_ptr,
+                                     ctypes.addressof(params), 0)
+
+
+# The transpose kernel's block (its __launch_bounds__ in the template; with COPY_A_TILE
+# there, the next template change should pass both from codegen).
+COPY_A_THREADS = 256
+
+
 @dataclass
 class CopyA:
     """The transpose kernel of a ``tx`` configuration: row-major A (M×K) to a K-major
     workspace of K rows of ``ld`` floats, which the main kernel then reads."""
 
     function: Any
-    grid: tuple[int, int]
+    grid: tuple[int, int, int]
     ld: int
     args: list[ctypes._SimpleCData]  # A, workspace, M, K, lda, ld
 
@@ -179,21 +191,18 @@ class LaunchPlan:
         self.lock = threading.Lock()
 
     def launch(self, a_ptr: int, c_ptr: int, stream_ptr: int) -> None:
-        driver = _cupy().cuda.driver
         with self.lock:  # the argument block is shared by the threads of the process
             self.args[0].value = a_ptr
             self.args[4].value = c_ptr
             self.args[-1].value = self.c_vec4_ok and c_ptr % 16 == 0
-            driver.launchKernel(self.main.ptr, *self.grid, self.threads, 1, 1, self.smem,
-                                stream_ptr, ctypes.addressof(self.params), 0)
+            _launch(self.main, self.grid, self.threads, self.smem, self.params, stream_ptr)
 
     def launch_copy_a(self, a_ptr: int, copy_ptr: int, stream_ptr: int) -> None:
         copy = self.copy_a
         with self.lock:
             copy.args[0].value = a_ptr
             copy.args[1].value = copy_ptr
-            _cupy().cuda.driver.launchKernel(copy.function.ptr, *copy.grid, 1, 256, 1, 1, 0,
-                                             stream_ptr, ctypes.addressof(copy.params), 0)
+            _launch(copy.function, copy.grid, COPY_A_THREADS, 0, copy.params, stream_ptr)
 
 
 _STREAMS: dict[int, Any] = {}
@@ -246,7 +255,7 @@ class Kernel:
         copy_a = None
         if transpose is not None:  # the main kernel reads an aligned K-major copy
             ld = -(-m_rows // 4) * 4
-            copy_a = CopyA(transpose, (-(-k_dim // COPY_A_TILE), -(-ld // COPY_A_TILE)), ld,
+            copy_a = CopyA(transpose, (-(-k_dim // COPY_A_TILE), -(-ld // COPY_A_TILE), 1), ld,
                            [u64(0), u64(0), i32(m_rows), i32(k_dim), i64(lda), i64(ld)])
             lda, a_aligned = ld, True  # the workspace comes from CuPy's pool: 256-B aligned
         # 16-byte copies along A's contiguous dimension need it and the rows aligned.

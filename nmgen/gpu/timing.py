@@ -139,8 +139,9 @@ AHEAD_NICE = 10  # niceness of the processes that compile ahead
 
 def _yield_cpu() -> None:
     """Ahead process: run at a lower CPU priority. What a batch waits for comes first; the
-    seeds of later studies fill the idle cores (two workers on two H200s share 32 CPUs and
-    took ~35 % longer a study than one worker alone: results/scale_h200x2/README.md)."""
+    seeds of later studies fill the idle cores (two workers on two H200s share 32 CPUs; a
+    study took from 21 % less to 33 % more time on one of them than on a lone worker:
+    results/scale_h200x2/README.md)."""
     os.nice(AHEAD_NICE)
 
 
