@@ -178,12 +178,14 @@ def _bench(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     partial = args.out / "bench.partial.csv"  # rows so far: a cut run still leaves them
     rows, ceilings = run_bench(shapes, _patterns(args.pattern), args.vec, dispatcher,
-                               repeat=args.repeat, on_row=lambda rows: write_csv(rows, partial))
+                               repeat=args.repeat, layout=ALayout(args.layout),
+                               on_row=lambda rows: write_csv(rows, partial))
     partial.unlink(missing_ok=True)
     gpu = gpu_of_device_name(info.name) or info.name
     record_ceilings(connect(args.db or default_url()), gpu, info.name,
                     ceilings.fp32_tflops, ceilings.dram_gbs)
     meta = {"device": info.name, "gpu": gpu, "cuda_runtime": info.cuda_version,
+            "a_layout": args.layout,
             "command": "nmgen " + " ".join(sys.argv[1:]), "seconds":
             round(time.monotonic() - start, 1), "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                     time.gmtime())}
@@ -270,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--shapes", type=Path, required=True, help="file of 'M N K' lines")
     bench.add_argument("--pattern", default="16:32,12:32,8:32,4:32")
     bench.add_argument("--vec", type=int, default=32, help="vector length L")
+    bench.add_argument("--layout", choices=[a.value for a in ALayout], default="rm",
+                       help="A layout: rm (row-major M×K) or km (K-major)")
     bench.add_argument("--db", help="your tuned database (default: yours, then shipped)")
     bench.add_argument("--repeat", type=int, default=20, help="timed runs (median)")
     bench.add_argument("--out", type=Path, default=Path("bench_out"), help="output directory")

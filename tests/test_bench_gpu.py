@@ -58,6 +58,23 @@ def test_small_bench_run(tmp_path):
     assert "geomean speedup" in result.stdout
 
 
+def test_bench_k_major_a(tmp_path):
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("17 256 512\n")
+    out = tmp_path / "bench"
+    result = subprocess.run([sys.executable, "-m", "nmgen.cli", "bench", "--shapes",
+                             str(shapes), "--pattern", "8:32", "--vec", "32", "--layout", "km",
+                             "--db", f"sqlite:///{tmp_path / 'tuned.db'}", "--out", str(out),
+                             "--repeat", "3", "--no-plots"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with (out / "bench.csv").open() as f:
+        (row,) = list(csv.DictReader(f))
+    assert float(row["rel_error"]) < 1e-5 and float(row["nmgen_ms"]) > 0
+    assert "_km_sm" in row["config"] and "_km_sm" in row["core_config"]
+    assert json.loads((out / "bench.json").read_text())["a_layout"] == "km"
+
+
 def test_bench_check_densifies_exactly():
     import cupy as cp
 

@@ -30,21 +30,22 @@ def _spec(gpu: str):
 
 
 def precompile(dispatcher: Dispatcher, patterns: Sequence[Pattern], vec: int,
-               shapes: Sequence[Shape], workers: int = 16) -> list[str]:
+               shapes: Sequence[Shape], layout: ALayout = ALayout.ROW_MAJOR,
+               workers: int = 16) -> list[str]:
     """Compile every kernel dispatch will pick, in parallel, before anything is timed."""
-    configs = {c.name: c for p in patterns if (c := _core(p, vec)) is not None}
+    configs = {c.name: c for p in patterns if (c := _core(p, vec, layout)) is not None}
     for p in patterns:
         for rows, cols, depth in shapes:
-            key = problem_key(p.n, p.m, vec, ALayout.ROW_MAJOR, rows, cols, depth)
+            key = problem_key(p.n, p.m, vec, layout, rows, cols, depth)
             config = dispatcher.decide(key).config
             configs[config.name] = config
     with CompilePool(workers) as pool:
         return pool.compile(list(configs.values()))
 
 
-def _core(p: Pattern, vec: int) -> KernelConfig | None:
+def _core(p: Pattern, vec: int, layout: ALayout) -> KernelConfig | None:
     """The core benchmark's hand-picked kernel for ``p``, timed beside the tuned one."""
-    return core_config(Problem(p.n, p.m, vec, ALayout.ROW_MAJOR, device_info().arch))
+    return core_config(Problem(p.n, p.m, vec, layout, device_info().arch))
 
 
 def random_weight(n: int, m: int, vec: int, depth: int, cols: int) -> NMMatrix:
@@ -70,6 +71,7 @@ def dense_float64(b: NMMatrix):
 
 def run_bench(shapes: Sequence[Shape], patterns: Sequence[Pattern], vec: int,
               dispatcher: Dispatcher, repeat: int = 20,
+              layout: ALayout = ALayout.ROW_MAJOR,
               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
               on_row: Callable[[list[BenchRow]], None] = lambda rows: None,
               ) -> tuple[list[BenchRow], Ceilings]:
@@ -77,7 +79,7 @@ def run_bench(shapes: Sequence[Shape], patterns: Sequence[Pattern], vec: int,
     ceilings = measure_ceilings()
     log(f"ceilings on {ceilings.device_name}: {ceilings.fp32_tflops:.1f} TFLOP/s FP32 "
         f"(FFMA loop), {ceilings.dram_gbs:.0f} GB/s DRAM (device copy)")
-    errors = precompile(dispatcher, patterns, vec, shapes)
+    errors = precompile(dispatcher, patterns, vec, shapes, layout)
     if errors:
         raise RuntimeError("kernels failed to compile: " + "; ".join(errors[:3]))
     rows: list[BenchRow] = []
@@ -90,8 +92,11 @@ def run_bench(shapes: Sequence[Shape], patterns: Sequence[Pattern], vec: int,
             gemm = dense_gemm(kind, a, w)
             dense[kind] = time_ms(lambda i, gemm=gemm: gemm(), repeat=repeat)
         del w
+        # K-major A: the same values held K×M, passed as its M×K view (cuBLAS above
+        # timed the row-major copy; it takes either layout at the same speed).
+        a_op = a if layout is ALayout.ROW_MAJOR else cp.ascontiguousarray(a.T).T
         for p in patterns:
-            row = _one(dispatcher, a, p, vec, (rows_m, cols, depth), dense, repeat)
+            row = _one(dispatcher, a_op, p, vec, (rows_m, cols, depth), dense, repeat, layout)
             rows.append(row)
             on_row(rows)
             log(f"[{len(rows)}/{total}] {p.n}:{p.m} {rows_m}x{cols}x{depth}: "
@@ -102,7 +107,7 @@ def run_bench(shapes: Sequence[Shape], patterns: Sequence[Pattern], vec: int,
 
 
 def _one(dispatcher: Dispatcher, a, p: Pattern, vec: int, shape: Shape, dense: dict,
-         repeat: int) -> BenchRow:
+         repeat: int, layout: ALayout) -> BenchRow:
     cp = _cupy()
     rows_m, cols, depth = shape
     b = random_weight(p.n, p.m, vec, depth, cols)
@@ -110,7 +115,7 @@ def _one(dispatcher: Dispatcher, a, p: Pattern, vec: int, shape: Shape, dense: d
     ref = a.astype(cp.float64) @ dense_float64(b)
     err = measure.poisoned_error(lambda: dispatcher(a, b, out=out), out, ref)
     timed = {"dispatch": lambda i: dispatcher(a, b, out=out)}
-    core = _core(p, vec)
+    core = _core(p, vec, layout)
     if core is not None:  # the hand-picked kernel on the same data, checked the same way
         kernel = dispatcher.kernel(core)
         core_err = measure.poisoned_error(lambda: kernel(a, b, out=out), out, ref)
@@ -122,7 +127,7 @@ def _one(dispatcher: Dispatcher, a, p: Pattern, vec: int, shape: Shape, dense: d
     # In turns: whichever is timed first right after the float64 check ran on a hot GPU.
     times = time_in_turns(timed, rounds=3, repeat=max(1, repeat // 2))
     ms, core_ms = times["dispatch"], times.get("core")
-    key = problem_key(p.n, p.m, vec, ALayout.ROW_MAJOR, rows_m, cols, depth)
+    key = problem_key(p.n, p.m, vec, layout, rows_m, cols, depth)
     decision = dispatcher.decide(key)
     model_ms = estimate(decision.config, _spec(key.gpu), rows_m, cols, depth).time_ms
     return BenchRow(f"{p.n}:{p.m}", vec, rows_m, cols, depth, ms, dense[Dense.SGEMM],
