@@ -182,20 +182,25 @@ def summary_table(rows: Sequence[BenchRow]) -> str:
          for s in summary(rows)])
 
 
-def by_m_table(rows: Sequence[BenchRow]) -> str:
-    """Geometric-mean speedup over SGEMM of each pattern over the shapes of each M."""
+def by_m_table(rows: Sequence[BenchRow], metric: str = "speedup", fmt: str = "{:.2f}x") -> str:
+    """Geometric mean of ``metric`` (a BenchRow property) of each pattern over the shapes of
+    each M: the speedup over SGEMM by default."""
     ms = sorted({r.M for r in rows})
     body = []
     for pattern in dict.fromkeys(r.pattern for r in rows):
-        cells = [[r.speedup for r in rows if r.pattern == pattern and m == r.M] for m in ms]
-        body.append([pattern, *(f"{geomean(c):.2f}x" if c else "–" for c in cells)])
+        cells = [[getattr(r, metric) for r in rows if r.pattern == pattern and m == r.M]
+                 for m in ms]
+        body.append([pattern, *(fmt.format(geomean(c)) if c else "–" for c in cells)])
     return markdown_table(["pattern", *(f"M = {m}" for m in ms)], body)
 
 
 def markdown_report(rows: Sequence[BenchRow]) -> str:
-    """bench.md: the summary, the speedup by M, then every shape."""
+    """bench.md: the summary, the speedup and the dense-equivalent rate by M, then every
+    shape."""
     return ("## Summary\n\n" + summary_table(rows)
             + "\n## Geomean speedup over SGEMM by M\n\n" + by_m_table(rows)
+            + "\n## Geomean dense-equivalent TFLOP/s by M\n\n"
+            + by_m_table(rows, "tflops_dense_eq", "{:.1f}")
             + "\n## Every shape\n\n" + shapes_table(rows))
 
 

@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -108,3 +109,18 @@ def test_plots_from_recorded_output(tmp_path):
         png = tmp_path / name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
         assert str(png) in result.stdout
+
+
+def test_by_m_tables_and_the_report_from_a_csv(tmp_path):
+    from nmgen.results import by_m_table, markdown_report
+
+    speed = by_m_table(ROWS)
+    assert "| 8:32 | 3.00x | 3.20x |" in speed and "| 4:32 | 3.75x | 6.40x |" in speed
+    rate = by_m_table(ROWS, "tflops_dense_eq", "{:.1f}")
+    assert f"| 8:32 | {ROWS[0].tflops_dense_eq:.1f} | {ROWS[1].tflops_dense_eq:.1f} |" in rate
+    write_all(ROWS, tmp_path)
+    tool = Path(__file__).resolve().parent.parent / "tools" / "bench_report.py"
+    out = subprocess.run([sys.executable, str(tool), str(tmp_path / "bench.csv")],
+                         capture_output=True, text=True, check=True).stdout
+    assert out == markdown_report(ROWS) == (tmp_path / "bench.md").read_text()
+    assert "## Geomean dense-equivalent TFLOP/s by M" in out
