@@ -6,7 +6,8 @@ guesses and with the winners of shapes already tuned. Trials come in batches: th
 compiles in a process pool, then each kernel is checked against the float64 reference
 once and timed with CUDA events, one at a time. Studies live in an Optuna RDB storage
 (the tuned database's URL by default), so a re-run resumes. The winner is the fastest
-correct trial, ties broken by name.
+correct trial, ties broken by name, or the core benchmark's kernel where it is within
+``db.CORE_TIE`` of that (``db.pick_winner``).
 """
 
 from __future__ import annotations

@@ -39,6 +39,26 @@ def test_round_trip_and_deterministic_winner(db):
     assert rows[0]["tflops"] == pytest.approx(2 * 1024 * 4096 * 4096 / 1.0 / 1e9)
 
 
+def test_the_core_kernel_wins_within_timing_noise(tmp_path):
+    from nmgen.config import ALayout, Arch
+    from nmgen.db import CORE_TIE
+    from nmgen.space import Problem, core_config
+
+    engine = connect(f"sqlite:///{tmp_path / 'tuned.db'}")
+    core = core_config(Problem(8, 32, 32, ALayout.ROW_MAJOR, Arch.SM90))
+    near = KEY  # the core kernel half the tie band behind the fastest: it wins
+    far = KEY.__class__(**{**KEY.__dict__, "rows": 2048})  # twice the band behind: it loses
+    for key, behind in ((near, CORE_TIE / 2), (far, 2 * CORE_TIE)):
+        record_trial(engine, key, FAST, "h", TrialStatus.OK, time_ms=1.0)
+        record_trial(engine, key, core, "h", TrialStatus.OK, time_ms=1.0 + behind)
+    winners = best_per_problem(engine, KEY)
+    assert winners[(1024, 4096, 4096)].config == core
+    assert winners[(1024, 4096, 4096)].time_ms == pytest.approx(1.0 + CORE_TIE / 2)
+    assert winners[(2048, 4096, 4096)].config == FAST
+    shown = {row["shape"]: row["best"] for row in summary(engine)}  # `nmgen show` agrees
+    assert shown == {(1024, 4096, 4096): core.name, (2048, 4096, 4096): FAST.name}
+
+
 def test_records_of_another_gpu_or_template_do_not_match(db):
     engine = connect(db)
     assert best_per_problem(engine, KEY.__class__(**{**KEY.__dict__, "gpu": "a100"})) == {}
