@@ -145,6 +145,18 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _carry(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from .carry import carry, tree_of_revision
+    from .db import connect
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.tree or tree_of_revision(args.repo, args.from_rev, Path(tmp))
+        print(carry(connect(args.db), root))
+    return 0
+
+
 def _export(args: argparse.Namespace) -> int:
     from .export import export_from_db, export_kernel, load_config
 
@@ -254,6 +266,15 @@ def build_parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", help="table of tuned results")
     show.add_argument("--db", help="SQLAlchemy URL of the tuned database")
     show.set_defaults(run=_show)
+
+    carry = sub.add_parser("carry", help="keep the tuned records of kernels that a newer "
+                           "template or code generator renders unchanged")
+    made_by = carry.add_mutually_exclusive_group(required=True)
+    made_by.add_argument("--from-rev", help="git revision whose generator made the records")
+    made_by.add_argument("--tree", type=Path, help="... or its source tree (nmgen/, templates/)")
+    carry.add_argument("--repo", type=Path, default=Path("."), help="git repository of --from-rev")
+    carry.add_argument("--db", help="SQLAlchemy URL of the tuned database")
+    carry.set_defaults(run=_carry)
 
     export = sub.add_parser("export", help="write generated .cu files for inspection")
     export.add_argument("--config", action="append",

@@ -82,7 +82,7 @@ def generator_text(family: Family) -> str:
 
 def row_unroll(config: KernelConfig) -> int:
     """How far the compute loop over a stage's ``ws`` compressed rows is unrolled."""
-    return min(config.ws, ROW_UNROLL)
+    return min(config.ws // config.slice_k, ROW_UNROLL)
 
 
 @functools.lru_cache(maxsize=1024)

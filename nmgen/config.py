@@ -58,7 +58,12 @@ class Family(str, Enum):
 MAX_THREADS = 1024
 MAX_REGISTERS = 255
 MAX_STAGES = 3
+MAX_SLICES = 8
 REGISTERS_PER_SM = 65536
+
+
+# Parameters that came after the first tuned kernels, with the default that reproduces them.
+LATER_PARAMETERS: dict[str, Any] = {"slice_k": 1}
 
 
 class ConfigError(ValueError):
@@ -80,6 +85,7 @@ class KernelConfig:
     packing: bool = False
     stages: int = 2
     split_k: int = 1
+    slice_k: int = 1  # warp groups of a block that split each stage's rows (sliced K)
     a_layout: ALayout = ALayout.ROW_MAJOR
     a_tile: ATile = ATile.K_MAJOR
     arch: Arch = Arch.SM90
@@ -107,8 +113,20 @@ class KernelConfig:
         return self.ks * self.n // self.m
 
     @property
-    def threads(self) -> int:
+    def slice_threads(self) -> int:
+        """Threads that cover the MS x NS tile once: one slice of the block."""
         return (self.ms // self.mt) * (self.ns // self.nt)
+
+    @property
+    def threads(self) -> int:
+        """Threads of a block: ``slice_k`` slices, each computing ``ws / slice_k`` of every
+        stage's compressed rows for the whole tile; their sums meet in shared memory."""
+        return self.slice_threads * self.slice_k
+
+    @property
+    def reduce_words(self) -> int:
+        """Floats of the shared tile where the slices add up their partial sums."""
+        return self.ms * self.ns if self.slice_k > 1 else 0
 
     @property
     def warps_m(self) -> int:
@@ -244,6 +262,10 @@ class KernelConfig:
         packing_table = 32 if self.packing else 0
         single_stage = 8 if self.stages == 1 else 0
         split = 8 if self.split_k > 1 else 0
+        # Sliced K (the slice's rows, the reduction's addressing): ptxas finds these in the
+        # slack of 64 or more accumulators (8x8 tiles sliced 4 ways: 128, no spill), not
+        # below (a 4x4 tile spilled at 80).
+        split += 8 if self.slice_k > 1 and self.mt * self.nt < 64 else 0
         staged = 4 * self.phase_slots + 8 if self.staged else 0  # A chunks in flight
         extra = packing_table + single_stage + split + self._landing_registers + staged
         return max(self.mt * self.nt + fragments + 48 + extra, 80)
@@ -278,9 +300,11 @@ class KernelConfig:
 
     @functools.cached_property
     def smem_bytes(self) -> int:
-        """Dynamic shared memory per block."""
-        return 4 * (self.stages * sum(self.stage_words) + self.landing_tiles * self.landing_words
+        """Dynamic shared memory per block: the pipeline's buffers, which the slices'
+        reduction reuses once the main loop is done."""
+        pipeline = (self.stages * sum(self.stage_words) + self.landing_tiles * self.landing_words
                     + self.compute_tiles * self.a_words)
+        return 4 * max(pipeline, self.reduce_words)
 
     def _rules(self) -> Iterator[tuple[str, bool]]:
         """(rule, holds) pairs, cheap ones first; lazily, so that a configuration is
@@ -288,7 +312,7 @@ class KernelConfig:
         tuner's space tries ~60,000 a pattern)."""
         if not all(v >= 1 for v in (self.n, self.m, self.vec, self.ms, self.ns, self.ks,
                                     self.mt, self.nt, self.warp_m, self.warp_n, self.stages,
-                                    self.split_k)):
+                                    self.split_k, self.slice_k)):
             yield "all sizes >= 1", False
             return
         yield ("1 <= n <= m", self.n <= self.m)
@@ -301,16 +325,21 @@ class KernelConfig:
         yield ("warp_m * warp_n == 32", self.warp_m * self.warp_n == 32)
         yield ("MS % (MT * warp_m) == 0", self.ms % (self.mt * self.warp_m) == 0)
         yield ("NS % (NT * warp_n) == 0", self.ns % (self.nt * self.warp_n) == 0)
-        yield (f"threads = (MS/MT)*(NS/NT) <= {MAX_THREADS}", self.threads <= MAX_THREADS)
+        yield (f"threads = slice_k*(MS/MT)*(NS/NT) <= {MAX_THREADS}",
+               self.threads <= MAX_THREADS)
         yield ("MT * NT <= 128 accumulators", self.mt * self.nt <= 128)
         yield (f"1 <= stages <= {MAX_STAGES}", self.stages <= MAX_STAGES)
         yield ("KS <= 1024", self.ks <= 1024)
+        yield (f"slice_k <= {MAX_SLICES} and WS % slice_k == 0 (whole rows a slice)",
+               self.slice_k <= MAX_SLICES and self.ws % self.slice_k == 0)
         yield ("M-major, staged and copied A tiles (tm, tr, tx) need row-major A (rm)",
                self.a_tile is ATile.K_MAJOR or self.a_layout is ALayout.ROW_MAJOR)
         yield ("staged A tile (tr) without packing", not (self.staged and self.packing))
         yield ("staged A tile (tr) needs the swizzled tile (32 | MS, 32 | A rows, MT 4 or "
                "warp_m >= 8) and at most 16 chunks a thread",
                not self.staged or (self.swizzle and self.a_slots <= 16))
+        yield ("sliced K (slice_k > 1) not with the staged A tile (tr)",
+               self.slice_k == 1 or not self.staged)
         yield (f"registers (~{self.registers_estimate}) <= {MAX_REGISTERS}",
                self.registers_estimate <= MAX_REGISTERS)
         yield (f"threads * registers ({self.threads} * ~{self.registers_estimate}) <= "
@@ -325,15 +354,21 @@ class KernelConfig:
     def name(self) -> str:
         """Canonical name stating every parameter, CUTLASS style.
 
-        e.g. ``nm_spmm_f32_n8m32l32_ms128ns128ks32_mt8nt8_w8x4_pack_s2_k1_rm_sm90``
+        e.g. ``nm_spmm_f32_n8m32l32_ms128ns128ks32_mt8nt8_w8x4_pack_s2_k1_rm_sm90``; a
+        sliced-K kernel adds ``_sk{slice_k}`` after the split (``..._s2_k1_sk4_km_sm90``).
         """
         pack = "pack" if self.packing else "nopack"
         return (
             f"nm_spmm_{self.family.value}_n{self.n}m{self.m}l{self.vec}"
             f"_ms{self.ms}ns{self.ns}ks{self.ks}_mt{self.mt}nt{self.nt}"
             f"_w{self.warp_m}x{self.warp_n}_{pack}_s{self.stages}_k{self.split_k}"
-            f"_{self.a_layout.value}{self._tile_suffix}_{self.arch.value.replace('_', '')}"
+            f"{self._slice_suffix}_{self.a_layout.value}{self._tile_suffix}"
+            f"_{self.arch.value.replace('_', '')}"
         )
+
+    @property
+    def _slice_suffix(self) -> str:
+        return "" if self.slice_k == 1 else f"_sk{self.slice_k}"
 
     @property
     def _tile_suffix(self) -> str:
@@ -346,7 +381,7 @@ class KernelConfig:
             raise ConfigError(f"{name!r} is not a kernel name (e.g. {_EXAMPLE_NAME})")
         g = match.groupdict()
         ints = {k: int(v) for k, v in g.items()
-                if k not in ("family", "pack", "layout", "tile", "arch")}
+                if k not in ("family", "pack", "layout", "tile", "arch") and v is not None}
         return cls(
             **ints,
             packing=g["pack"] == "pack",
@@ -358,9 +393,16 @@ class KernelConfig:
 
     # ----------------------------------------------------------------- JSON
     def to_dict(self) -> dict[str, Any]:
+        """The parameters as JSON values. Parameters added after kernels were first tuned
+        (``LATER_PARAMETERS``) are left out at their default, so that the stored
+        parameters, the generated header and the source of every older kernel stay as
+        they were (its tuned records then carry over: ``nmgen.carry``)."""
         d = asdict(self)
         for key in ("a_layout", "a_tile", "arch", "family"):
             d[key] = d[key].value
+        for key, default in LATER_PARAMETERS.items():
+            if d[key] == default:
+                del d[key]
         return d
 
     @classmethod
@@ -388,6 +430,6 @@ _NAME_RE = re.compile(
     r"^nm_spmm_(?P<family>[a-z0-9]+)_n(?P<n>\d+)m(?P<m>\d+)l(?P<vec>\d+)"
     r"_ms(?P<ms>\d+)ns(?P<ns>\d+)ks(?P<ks>\d+)_mt(?P<mt>\d+)nt(?P<nt>\d+)"
     r"_w(?P<warp_m>\d+)x(?P<warp_n>\d+)_(?P<pack>pack|nopack)_s(?P<stages>\d+)"
-    r"_k(?P<split_k>\d+)_(?P<layout>rm|km)(?:_(?P<tile>tk|tm|tr|tx))?_sm(?P<arch>\d+)$"
+    r"_k(?P<split_k>\d+)(?:_sk(?P<slice_k>\d+))?_(?P<layout>rm|km)(?:_(?P<tile>tk|tm|tr|tx))?_sm(?P<arch>\d+)$"
 )
 _EXAMPLE_NAME = "nm_spmm_f32_n8m32l32_ms128ns128ks32_mt8nt8_w8x4_pack_s2_k1_rm_sm90"

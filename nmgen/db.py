@@ -99,6 +99,8 @@ class ConfigRow(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(200), index=True)
     params: Mapped[dict] = mapped_column(JSON)
+    # sha256 of the kernel's generated source (records made before the carry existed hold
+    # their generator's hash here instead)
     source_hash: Mapped[str] = mapped_column(String(64))
     nmgen_version: Mapped[str] = mapped_column(String(32))
 

@@ -22,6 +22,7 @@ WARP_LAYOUTS = ((8, 4), (4, 8), (16, 2), (2, 16), (32, 1), (1, 32))
 KS_WINDOWS = (1, 2, 4, 8)  # KS = m·windows
 STAGE_CHOICES = (1, 2, 3)
 SPLIT_K_CHOICES = (1, 2, 3, 4)
+SLICE_K_CHOICES = (1, 2, 4)  # sliced K: more warps a block where tiles are few (small M)
 
 
 # The core benchmark's best hand-picked configuration of each pattern and A layout (H100,
@@ -95,7 +96,7 @@ def random_config(problem: Problem, rng: random.Random, max_tries: int = 10000,
                 problem.m)), mt=rng.choice(MT_CHOICES), nt=rng.choice(NT_CHOICES),
             warp_m=warp_m, warp_n=warp_n, packing=rng.random() < 0.5,
             stages=rng.choice(STAGE_CHOICES), split_k=rng.choice(SPLIT_K_CHOICES),
-            a_tile=rng.choice(tile_choices(problem)),
+            slice_k=rng.choice(SLICE_K_CHOICES), a_tile=rng.choice(tile_choices(problem)),
         )
         if config is not None and config.threads <= max_threads:
             return config
@@ -104,19 +105,20 @@ def random_config(problem: Problem, rng: random.Random, max_tries: int = 10000,
 
 @functools.cache
 def enumerate_configs(problem: Problem) -> tuple[KernelConfig, ...]:
-    """Every valid configuration of the space (split-K 1), in a fixed order. Cached: it
-    takes about a second and every shape of a pattern shares it."""
+    """Every valid configuration of the space (split-K 1, every slice_k), in a fixed order.
+    Cached: it takes seconds and every shape of a pattern shares it."""
     return tuple(_valid_configs(problem))
 
 
 def _valid_configs(problem: Problem) -> Iterator[KernelConfig]:
     grid = itertools.product(MS_CHOICES, NS_CHOICES, ks_choices(problem.m), MT_CHOICES,
                              NT_CHOICES, WARP_LAYOUTS, (False, True), STAGE_CHOICES,
-                             tile_choices(problem))
-    for ms, ns, ks, mt, nt, (warp_m, warp_n), packing, stages, a_tile in grid:
+                             tile_choices(problem), SLICE_K_CHOICES)
+    for ms, ns, ks, mt, nt, (warp_m, warp_n), packing, stages, a_tile, slice_k in grid:
         if ms % (mt * warp_m) or ns % (nt * warp_n):  # the warps do not tile the block:
             continue  # skipped before KernelConfig (which would refuse it) costs ~30 us
         config = try_config(problem, ms=ms, ns=ns, ks=ks, mt=mt, nt=nt, warp_m=warp_m,
-                            warp_n=warp_n, packing=packing, stages=stages, a_tile=a_tile)
+                            warp_n=warp_n, packing=packing, stages=stages, a_tile=a_tile,
+                            slice_k=slice_k)
         if config is not None:
             yield config

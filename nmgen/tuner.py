@@ -43,6 +43,7 @@ from .space import (
     MT_CHOICES,
     NS_CHOICES,
     NT_CHOICES,
+    SLICE_K_CHOICES,
     STAGE_CHOICES,
     WARP_LAYOUTS,
     Problem,
@@ -93,6 +94,7 @@ class SearchSpace:
     packing: tuple[bool, ...] = (False, True)
     stages: tuple[int, ...] = STAGE_CHOICES
     split_k: tuple[int, ...] = SPLIT_K_CHOICES
+    slice_k: tuple[int, ...] = SLICE_K_CHOICES
     a_tiles: tuple[str, ...] = tuple(t.value for t in ATile)  # as far as the layout allows
 
     def contains(self, config: KernelConfig) -> bool:
@@ -101,7 +103,7 @@ class SearchSpace:
                 and config.mt in self.mt
                 and config.nt in self.nt and config.packing in self.packing
                 and config.stages in self.stages and config.split_k in self.split_k
-                and config.a_tile.value in self.a_tiles)
+                and config.slice_k in self.slice_k and config.a_tile.value in self.a_tiles)
 
 
 FULL_SPACE = SearchSpace()
@@ -110,8 +112,11 @@ FULL_SPACE = SearchSpace()
 # benchmark and the tuned database; no packing, no split-K.
 CORE_SPACE = SearchSpace(warps=("8x4", "4x8", "16x2"), ms=(32, 64, 128, 256),
                          ns=(64, 128, 256, 512), packing=(False,), stages=(2, 3),
-                         split_k=(1,))
-SPACES = {"full": FULL_SPACE, "core": CORE_SPACE}
+                         split_k=(1,), slice_k=(1,))
+# The whole space as it was before sliced K: the exhaustive tables of results/exhaustive_h100
+# (named "full" there) cover this one.
+UNSLICED_SPACE = SearchSpace(slice_k=(1,))
+SPACES = {"full": FULL_SPACE, "core": CORE_SPACE, "unsliced": UNSLICED_SPACE}
 
 
 @dataclass(frozen=True)
@@ -156,7 +161,7 @@ def search_choices(task: TuneTask) -> dict[str, tuple]:
     return {"warp": space.warps, "ms": space.ms, "ns": space.ns,
             "ks_windows": space.ks_windows, "mt": space.mt, "nt": space.nt,
             "packing": space.packing, "stages": space.stages, "split_k": space.split_k,
-            "a_tile": _tiles(task)}
+            "slice_k": space.slice_k, "a_tile": _tiles(task)}
 
 
 def suggest_config(trial: optuna.Trial, task: TuneTask) -> KernelConfig | None:
@@ -171,7 +176,7 @@ def params_of(config: KernelConfig) -> dict:
     return {"ms": config.ms, "ns": config.ns, "ks_windows": config.ks // config.m,
             "mt": config.mt, "nt": config.nt, "warp": f"{config.warp_m}x{config.warp_n}",
             "packing": config.packing, "stages": config.stages, "split_k": config.split_k,
-            "a_tile": config.a_tile.value}
+            "slice_k": config.slice_k, "a_tile": config.a_tile.value}
 
 
 def _from_params(task: TuneTask, params: dict) -> KernelConfig | None:
@@ -180,7 +185,7 @@ def _from_params(task: TuneTask, params: dict) -> KernelConfig | None:
                       ks=task.m * params["ks_windows"], mt=params["mt"], nt=params["nt"],
                       warp_m=warp_m, warp_n=warp_n, packing=params["packing"],
                       stages=params["stages"], split_k=params["split_k"],
-                      a_tile=params["a_tile"])
+                      slice_k=params["slice_k"], a_tile=params["a_tile"])
 
 
 def _tell(study: optuna.Study, trial: optuna.Trial, value: float, violation: float) -> None:
@@ -491,11 +496,11 @@ class Tuner:
         if config is None or feasible(config, task.gpu) is not None:
             return TrialStatus.INFEASIBLE, INFEASIBLE_MS, 1.0
         if config.name not in known:
-            from .dispatch import template_hash
+            from .codegen import render
 
             model_ms = estimate(config, task.gpu, task.rows, task.cols, task.depth).time_ms
             status, value, error = measurer.measure(config, model_ms)
-            held, held_ms = record_trial(self.engine, measurer.key, config, template_hash(),
+            held, held_ms = record_trial(self.engine, measurer.key, config, render(config).sha256,
                                          status, value if status in GOOD else None, model_ms,
                                          error)
             known[config.name] = (held, held_ms if held in GOOD else INFEASIBLE_MS)

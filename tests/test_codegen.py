@@ -67,6 +67,16 @@ def test_copied_a_runs_the_k_major_kernel_after_a_transpose():
     assert f"{copied.name}_transpose(const float* __restrict__ A" in transpose
 
 
+def test_sliced_k_kernel_splits_the_rows_and_adds_the_slices():
+    plain = nmgen.KernelConfig(8, 32, 32, 64, 128, 128, 8, 8, a_layout="km")
+    sliced = plain.replace(slice_k=4)
+    code = nmgen.render(sliced).code
+    assert "constexpr int SLICE_K = 4;" in code and "SLICE_ROWS = WS / SLICE_K" in code
+    assert "#pragma unroll 8\n    for (int r = 0; r < SLICE_ROWS; ++r)" in code  # 32 rows / 4
+    assert "if (slice != 0) return;" in code
+    assert "SLICE" not in nmgen.render(plain).code  # unsliced kernels carry none of it
+
+
 @pytest.mark.parametrize(("a_tile", "ws", "unroll"), [
     ("tm", 8, 8), ("tm", 32, 16), ("tr", 32, 16), ("tk", 24, 16)])
 def test_row_loop_unroll(a_tile, ws, unroll):

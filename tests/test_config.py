@@ -22,6 +22,25 @@ def test_name_states_every_parameter():
     assert KernelConfig.from_name(m_major.name) == m_major
 
 
+def test_sliced_k_is_named_and_sized():
+    sliced = KernelConfig(**BASE, slice_k=2, a_layout="km")
+    assert sliced.name == "nm_spmm_f32_n8m32l32_ms128ns128ks32_mt8nt8_w8x4_nopack_s2_k1_sk2_km_sm90"
+    assert KernelConfig.from_name(sliced.name) == sliced
+    assert KernelConfig.from_json(sliced.to_json()) == sliced
+    assert sliced.threads == 2 * sliced.slice_threads == 2 * 256
+    # The slices meet in a shared MS x NS tile, larger here than the pipeline's buffers.
+    assert sliced.smem_bytes == 4 * 128 * 128 > 4 * 2 * sum(sliced.stage_words)
+
+
+def test_parameters_added_later_are_left_out_at_their_default():
+    """An unsliced kernel states no slice_k: its name, stored parameters and generated
+    header are what they were before sliced K existed (its records carry over)."""
+    config = KernelConfig(**BASE)
+    assert "slice_k" not in config.to_dict() and "_sk" not in config.name
+    assert KernelConfig.from_dict(config.to_dict()).slice_k == 1
+    assert config.replace(slice_k=2).to_dict()["slice_k"] == 2
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_json_and_name_round_trip(seed):
     rng = random.Random(seed)
@@ -49,6 +68,9 @@ def test_json_and_name_round_trip(seed):
     (dict(a_layout="km", a_tile="tr"), "need row-major A"),
     (dict(a_tile="tr", packing=True), "staged A tile (tr) without packing"),
     (dict(a_tile="tr", mt=8, warp_m=4, warp_n=8), "needs the swizzled tile"),
+    (dict(ks=32, slice_k=3), "WS % slice_k == 0"),
+    (dict(ms=32, ns=32, mt=4, nt=4, ks=512, slice_k=16), "slice_k <= 8"),
+    (dict(ms=64, ns=64, ks=64, a_tile="tr", slice_k=2), "not with the staged A tile"),
 ])
 def test_violations_name_the_rule(change, rule):
     with pytest.raises(ConfigError, match="rule '.*" + rule.replace("(", r"\(").replace(
@@ -90,8 +112,9 @@ def test_space_skips_nothing_valid():
     problem = Problem(2, 4, 8, a_layout=ALayout.K_MAJOR)
     grid = itertools.product(space.MS_CHOICES, space.NS_CHOICES, space.ks_choices(4),
                              space.MT_CHOICES, space.NT_CHOICES, space.WARP_LAYOUTS,
-                             (False, True), space.STAGE_CHOICES, space.tile_choices(problem))
+                             (False, True), space.STAGE_CHOICES, space.tile_choices(problem),
+                             space.SLICE_K_CHOICES)
     every = [space.try_config(problem, ms=ms, ns=ns, ks=ks, mt=mt, nt=nt, warp_m=wm,
-                              warp_n=wn, packing=p, stages=st, a_tile=t)
-             for ms, ns, ks, mt, nt, (wm, wn), p, st, t in grid]
+                              warp_n=wn, packing=p, stages=st, a_tile=t, slice_k=sk)
+             for ms, ns, ks, mt, nt, (wm, wn), p, st, t, sk in grid]
     assert enumerate_configs(problem) == tuple(c for c in every if c is not None)

@@ -105,6 +105,30 @@ def test_copied_a_tile_matches_reference(split_k, packing, gpu_cases):
         gpu_cases["kernel_cases"] += 1
 
 
+SLICED = [  # (slice_k, A layout, A tile, packing, split_k, stages)
+    (2, "km", "tk", False, 1, 2), (4, "km", "tk", True, 2, 3), (4, "rm", "tx", False, 1, 2),
+    (2, "rm", "tx", True, 3, 1), (2, "rm", "tm", False, 2, 2), (4, "rm", "tk", False, 1, 3),
+    (2, "rm", "tk", True, 1, 2),
+]
+
+
+@pytest.mark.parametrize(("slice_k", "layout", "tile", "packing", "split_k", "stages"), SLICED)
+def test_sliced_k_matches_reference(slice_k, layout, tile, packing, split_k, stages, gpu_cases):
+    """Sliced K (slices of a block split every stage's rows, then add up in shared
+    memory) on every A tile that allows it, with packing, split-K and each pipeline depth;
+    the M edges, odd K and N, and a long K."""
+    config = nmgen.KernelConfig(8, 32, 32, 32, 64, 128, 4, 4, warp_m=4, warp_n=8,
+                                packing=packing, split_k=split_k, stages=stages,
+                                slice_k=slice_k, a_layout=layout, a_tile=tile)
+    kernel = nmgen.Kernel(config)
+    rng = np.random.default_rng(SEED)
+    for m_rows, k, n_cols in [*((m, 333, 257) for m in M_EDGES), (300, 4096 + 13, 131)]:
+        err = check_case(kernel, rng, m_rows, k, n_cols)
+        assert err < RTOL, (f"{config.name} M={m_rows} K={k} N={n_cols}: relative error "
+                            f"{err:.3g} (seed {SEED})")
+        gpu_cases["kernel_cases"] += 1
+
+
 def test_copied_a_from_torch_on_a_side_stream(gpu_cases):
     torch = pytest.importorskip("torch")
     config = nmgen.KernelConfig(4, 8, 16, 64, 64, 32, 4, 4, a_tile="tx")

@@ -42,11 +42,14 @@ from nmgen.model import gpu_spec  # noqa: E402
 from nmgen.replay import read_tables, replay, search_space  # noqa: E402
 from nmgen.report import markdown_table  # noqa: E402
 from nmgen.shapes import read_shapes  # noqa: E402
-from nmgen.tuner import FULL_SPACE, SPACES, TuneTask  # noqa: E402
+from nmgen.tuner import SPACES, UNSLICED_SPACE, TuneTask  # noqa: E402
 
 # The tuner's spaces, and the whole space without packing and split-K (3,496 configurations
 # at K-major 8:32 against 20,664: one device call of ~7 minutes on an H100).
-SPACES = {**SPACES, "nopack": dataclasses.replace(FULL_SPACE, packing=(False,), split_k=(1,))}
+SPACES = {**SPACES, "nopack": dataclasses.replace(UNSLICED_SPACE, packing=(False,), split_k=(1,))}
+# The tables of the whole space were measured before sliced K joined it: the space they
+# cover is now "unsliced", their files keep the name they were written under.
+TABLE_NAMES = {"unsliced": "full"}
 
 
 def tasks_of(args: argparse.Namespace) -> list[TuneTask]:
@@ -58,7 +61,8 @@ def tasks_of(args: argparse.Namespace) -> list[TuneTask]:
 
 def stem(args: argparse.Namespace) -> str:
     """Output files of one (pattern, layout, space)."""
-    return f"{args.pattern.replace(':', '_')}_{args.layout}_{args.space}"
+    space = TABLE_NAMES.get(args.space, args.space)
+    return f"{args.pattern.replace(':', '_')}_{args.layout}_{space}"
 
 
 def measure(args: argparse.Namespace) -> None:
