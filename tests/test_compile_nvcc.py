@@ -81,7 +81,8 @@ def check_resources(config: nmgen.KernelConfig) -> None:
     ones), within 255 registers and the register file, with only dynamic shared memory."""
     compiled = compile_with_nvcc(nmgen.render(config))
     assert set(compiled.resources) == set(nmgen.render(config).entry_points), compiled.log
-    budget = register_budget(config)
+    # ptxas allocates registers 8 at a time: a launch bound of 85 a thread caps it at 80.
+    budget = register_budget(config) // 8 * 8
     main = compiled.resources[config.name]
     for entry, res in compiled.resources.items():
         if entry == config.name and (config.registers_estimate >= budget or (
@@ -94,7 +95,9 @@ def check_resources(config: nmgen.KernelConfig) -> None:
             # ptxas uses unbounded (a sample of 45, sixth session), and one whose budget
             # was 12 above the estimate spilled 48 bytes (CI, 2026-11-23:
             # n4m16l32_ms128ns32ks64_mt8nt4_w16x2_nopack_s1_k1_rm_tr_sm80). Recalibrating
-            # the estimate changes launch bounds, so it waits for a GPU run.
+            # the estimate changes launch bounds, so it waits for a GPU run. Sliced-K kernels
+            # of small thread tiles likewise (4x4 sliced 2 ways spilled 4 bytes at its
+            # 80-register cap, eleventh session): pending/0001 charges them 8 registers.
             assert res.spill_stores <= 64 and res.spill_loads <= 64, f"{entry}: {res}"
         else:
             assert res.spill_stores == 0 and res.spill_loads == 0, f"{entry} spills: {res}"
