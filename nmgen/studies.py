@@ -146,6 +146,27 @@ def fail_stale(study: optuna.Study) -> None:
         optuna.storages.fail_stale_trials(study)
 
 
+def give_back_waiting(study: optuna.Study, trials: int) -> int:
+    """Fail, unmeasured (user attribute ``surplus``), the enqueued trials still waiting in
+    a study that has its ``trials`` complete; returns how many. A worker that opens a study
+    late enqueues the seeds its database suggests then (other shapes' winners, which change
+    as they are tuned); where the study is already full no worker asks for them, and they
+    would wait for ever. Nobody asks in a full study, so none of them can be taken
+    meanwhile."""
+    if len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) < trials:
+        return 0
+    storage = study._storage
+    given = 0
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        try:
+            storage.set_trial_user_attr(trial._trial_id, "surplus", True)
+            storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue
+        given += 1
+    return given
+
+
 def fail_orphans(storage: BaseStorage, dead_worker: str) -> int:
     """Fail the running trials of a worker known to be dead, enqueue a retry of each
     (what heartbeats do on an RDB storage); returns how many."""

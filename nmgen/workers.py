@@ -19,7 +19,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .studies import fail_orphans, open_storage
+import optuna
+
+from .studies import fail_orphans, give_back_waiting, open_storage
 from .tuner import AHEAD_STUDIES, Phases, Tuner, TuneTask
 
 POLL_S = 0.5  # a waiting worker looks again this often
@@ -79,10 +81,18 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
             if out_of_time and unfinished:
                 log(f"time budget spent: {len(unfinished)} of {len(tasks)} studies short "
                     "of their trials")
+            _give_back_seeds(tuner, [t for t in order if t not in unfinished])
             return WorkerReport(len(worked), len(tasks) - len(unfinished), len(tasks),
                                 time.monotonic() - start, phases)
         if not open_tasks:  # the rest is running elsewhere: wait for it (or its failure)
             time.sleep(POLL_S)
+
+
+def _give_back_seeds(tuner: Tuner, full: Sequence[TuneTask]) -> None:
+    """Seeds enqueued in studies that were full by then (``give_back_waiting``)."""
+    for task in full:
+        study = optuna.load_study(study_name=tuner.study_name(task), storage=tuner.storage)
+        give_back_waiting(study, tuner.trials)
 
 
 def supervise(child_argv: Callable[[int, str], list[str]], devices: Sequence[str],
