@@ -18,7 +18,7 @@ from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.orm import Session
 
 from nmgen.db import ConfigRow, ProblemRow, TrialRow, connect
-from nmgen.studies import default_storage_url, open_storage
+from nmgen.studies import default_storage_url, give_back_waiting, open_storage
 
 TRIALS = 10
 PATTERN, VEC = "2:4", "16"
@@ -246,3 +246,20 @@ def test_under_a_budget_every_study_gets_its_first_batch_before_any_its_second(t
         assert len(trials) == 16
         starts[task.rows] = (trials[0].datetime_start, trials[8].datetime_start)
     assert max(first for first, _ in starts.values()) < min(second for _, second in starts.values())
+
+
+def test_seeds_left_waiting_in_a_full_study_are_given_back():
+    """A seed enqueued once a study already had its trials is failed unmeasured (marked
+    surplus); in a study still short of trials it stays for the next ask."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study()
+    for x in (1.0, 2.0):
+        study.enqueue_trial({"x": x})
+        trial = study.ask()
+        study.tell(trial, trial.suggest_float("x", 0, 10))
+    study.enqueue_trial({"x": 3.0})
+    assert give_back_waiting(study, trials=3) == 0  # short of trials: it is still wanted
+    assert give_back_waiting(study, trials=2) == 1
+    (late,) = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.FAIL]
+    assert late.user_attrs["surplus"] is True
+    assert not study.get_trials(states=(optuna.trial.TrialState.WAITING,))
