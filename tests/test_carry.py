@@ -4,6 +4,8 @@ older generator (a copy of this one whose split-K reduction reads differently)."
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,3 +68,22 @@ def test_carry_refuses_records_of_another_generator(older_tree, tmp_path):
     record_trial(engine, key("x" * 64), UNSPLIT, "x" * 64, TrialStatus.OK, time_ms=1.0)
     with pytest.raises(ValueError, match="generator"):
         carry(engine, older_tree)
+
+
+def test_carry_from_the_command_line(older_tree, tmp_path):
+    """`nmgen carry --tree DIR`, as a user runs it; a tree of the same generator as the
+    records is an error that names both."""
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    old, _ = render_hashes(older_tree, [])
+    record_trial(connect(url), key(old), UNSPLIT, old, TrialStatus.OK, time_ms=2.0)
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "nmgen.cli", "carry", *args],
+                              capture_output=True, text=True)
+
+    done = cli("--tree", str(older_tree), "--db", url)
+    assert done.returncode == 0, done.stderr
+    assert "1 problems of an older generator: 1 trials carried" in done.stdout
+    record_trial(connect(url), key(old), SPLIT, old, TrialStatus.OK, time_ms=1.0)
+    wrong = cli("--tree", str(ROOT), "--db", url)  # the current generator made none of them
+    assert wrong.returncode == 2 and "generator" in wrong.stderr
