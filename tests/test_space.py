@@ -1,4 +1,4 @@
-"""The search space's fixed points: the core benchmark's hand-picked configurations."""
+"""The search space: the core benchmark's hand-picked kernels, the enumeration's disk cache."""
 
 from __future__ import annotations
 
@@ -29,3 +29,22 @@ def test_core_table_is_the_committed_core_benchmark():
 def test_core_config_only_for_the_benchmarked_patterns():
     assert core_config(Problem(2, 4, 32)) is None
     assert core_config(Problem(8, 32, 32, a_layout=ALayout.K_MAJOR)).a_layout is ALayout.K_MAJOR
+
+
+def test_enumeration_is_kept_on_disk_and_rebuilt_when_unreadable(tmp_path, monkeypatch):
+    from nmgen.config import ALayout
+    from nmgen.space import Problem, _valid_configs, enumerate_configs, enumeration_cache
+
+    monkeypatch.setenv("NMGEN_CACHE_DIR", str(tmp_path))
+    problem = Problem(2, 4, 8, a_layout=ALayout.K_MAJOR)
+    build = enumerate_configs.__wrapped__  # past the in-process cache
+    fresh = build(problem)
+    path = enumeration_cache(problem)
+    assert path.is_relative_to(tmp_path) and path.exists()
+    assert fresh == tuple(_valid_configs(problem))
+    assert build(problem) == fresh  # read back
+    path.write_bytes(b"not a pickle")
+    assert build(problem) == fresh  # rebuilt, and written again
+    assert build(problem) == fresh and path.read_bytes() != b"not a pickle"
+    other = enumeration_cache(Problem(2, 4, 16, a_layout=ALayout.K_MAJOR))
+    assert other != path
