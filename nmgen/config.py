@@ -262,6 +262,10 @@ class KernelConfig:
         packing_table = 32 if self.packing else 0
         single_stage = 8 if self.stages == 1 else 0
         split = 8 if self.split_k > 1 else 0
+        # Sliced K (the slice's rows, the reduction's addressing): ptxas finds these in the
+        # slack of 64 or more accumulators (8x8 tiles sliced 4 ways: 128, no spill), not
+        # below (a 4x4 tile spilled at 80).
+        split += 8 if self.slice_k > 1 and self.mt * self.nt < 64 else 0
         staged = 4 * self.phase_slots + 8 if self.staged else 0  # A chunks in flight
         extra = packing_table + single_stage + split + self._landing_registers + staged
         return max(self.mt * self.nt + fragments + 48 + extra, 80)
@@ -321,7 +325,8 @@ class KernelConfig:
         yield ("warp_m * warp_n == 32", self.warp_m * self.warp_n == 32)
         yield ("MS % (MT * warp_m) == 0", self.ms % (self.mt * self.warp_m) == 0)
         yield ("NS % (NT * warp_n) == 0", self.ns % (self.nt * self.warp_n) == 0)
-        yield (f"threads = (MS/MT)*(NS/NT) <= {MAX_THREADS}", self.threads <= MAX_THREADS)
+        yield (f"threads = slice_k*(MS/MT)*(NS/NT) <= {MAX_THREADS}",
+               self.threads <= MAX_THREADS)
         yield ("MT * NT <= 128 accumulators", self.mt * self.nt <= 128)
         yield (f"1 <= stages <= {MAX_STAGES}", self.stages <= MAX_STAGES)
         yield ("KS <= 1024", self.ks <= 1024)
@@ -357,7 +362,8 @@ class KernelConfig:
             f"nm_spmm_{self.family.value}_n{self.n}m{self.m}l{self.vec}"
             f"_ms{self.ms}ns{self.ns}ks{self.ks}_mt{self.mt}nt{self.nt}"
             f"_w{self.warp_m}x{self.warp_n}_{pack}_s{self.stages}_k{self.split_k}"
-            f"{self._slice_suffix}_{self.a_layout.value}{self._tile_suffix}_{self.arch.value.replace('_', '')}"
+            f"{self._slice_suffix}_{self.a_layout.value}{self._tile_suffix}"
+            f"_{self.arch.value.replace('_', '')}"
         )
 
     @property

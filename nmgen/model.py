@@ -37,6 +37,11 @@ STAGE_OVERHEAD_CYCLES = 1200
 # Sliced K: after the main loop each slice but one passes the tile through shared memory
 # behind a barrier, taken to cost about a stage's fixed overhead (not yet calibrated).
 SLICE_REDUCE_CYCLES = STAGE_OVERHEAD_CYCLES
+# A single-stage block alone on its SM waits for every stage's copy with nothing to overlap
+# it. Fitted on the sliced-K A/B of results/slice_ab_h100 (H100, K-major, M <= 1024): with
+# this many cycles a stage the model orders 252 of its 401 kernel pairs as measured (187
+# without) and picks the measured best in 33 of 48 problems (21 without).
+EXPOSED_COPY_CYCLES = 2000
 # Instruction counts read off the SASS of the main loop (sm_90): per compressed row the
 # index read and addressing; per stage the copies, the transposition and the loop/barrier.
 ROW_ADDRESSING = 1.5
@@ -278,7 +283,9 @@ def estimate(config: KernelConfig, gpu: GpuSpec, m_rows: int, n_cols: int, k: in
     through_l2 = a_bytes * col_blocks / a_copy_eff + b_bytes * row_blocks + c_bytes
     memory_ms = max(compulsory / (gpu.dram_gbs * 1e9), through_l2 / (gpu.l2_gbs * 1e9)) * 1e3
     stages = k_pad / config.ks / config.split_k
-    overhead_cycles = stages * STAGE_OVERHEAD_CYCLES + (config.slice_k - 1) * SLICE_REDUCE_CYCLES
+    exposed = EXPOSED_COPY_CYCLES if config.stages == 1 and per_sm == 1 else 0
+    overhead_cycles = (stages * (STAGE_OVERHEAD_CYCLES + exposed)
+                       + (config.slice_k - 1) * SLICE_REDUCE_CYCLES)
     overhead_ms = math.ceil(waves) * overhead_cycles / (CLOCK_GHZ * 1e6)
     time_ms = max(compute_ms, memory_ms) / wave_eff + overhead_ms + _copy_a_ms(config, gpu,
                                                                                 m_rows, k)
