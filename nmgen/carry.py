@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from .codegen import render
 from .config import KernelConfig
-from .db import ConfigRow, ProblemRow, TrialRow, config_row
+from .db import ConfigRow, ProblemRow, TrialRow, _get_or_create, config_row
 from .dispatch import template_hash
 
 # Run in the old tree's process: its own nmgen (an editable install of this checkout
@@ -114,17 +114,10 @@ def carry(engine: Engine, old_root: Path) -> CarryReport:
 
 def _carry_problem(session: Session, problem: ProblemRow, same: dict, report: CarryReport
                    ) -> None:
-    target = session.scalars(select(ProblemRow).filter_by(
-        gpu_id=problem.gpu_id, template_hash=report.generator, n=problem.n, m=problem.m,
-        vec=problem.vec, dtype=problem.dtype, a_layout=problem.a_layout, rows=problem.rows,
-        cols=problem.cols, depth=problem.depth)).first()
-    if target is None:
-        target = ProblemRow(gpu_id=problem.gpu_id, template_hash=report.generator,
-                            n=problem.n, m=problem.m, vec=problem.vec, dtype=problem.dtype,
-                            a_layout=problem.a_layout, rows=problem.rows, cols=problem.cols,
-                            depth=problem.depth)
-        session.add(target)
-        session.flush()
+    target = _get_or_create(session, ProblemRow, gpu_id=problem.gpu_id,
+                            template_hash=report.generator, n=problem.n, m=problem.m,
+                            vec=problem.vec, dtype=problem.dtype, a_layout=problem.a_layout,
+                            rows=problem.rows, cols=problem.cols, depth=problem.depth)
     held = set(session.scalars(select(ConfigRow.name).join(
         TrialRow, TrialRow.config_id == ConfigRow.id).where(TrialRow.problem_id == target.id)))
     for trial in session.scalars(select(TrialRow).where(TrialRow.problem_id == problem.id)):
