@@ -22,8 +22,9 @@ TEMPLATE_OF_FAMILY = {Family.F32_SIMT: "nm_spmm_f32.cu.j2"}
 # which is what tuning waits on.
 ROW_UNROLL = 16
 # The transpose kernel of a copied A tile ("tx") moves COPY_A_TILE x COPY_A_TILE floats a
-# block of 256 threads; the launcher sizes its grid by it.
+# block of COPY_A_THREADS threads; the template and the launcher both take them from here.
 COPY_A_TILE = 64
+COPY_A_THREADS = 256
 
 
 @dataclass(frozen=True)
@@ -108,5 +109,6 @@ def _render(template: jinja2.Template, config: KernelConfig) -> KernelSource:
         unroll_w=row_unroll(config),
         min_blocks=min_blocks_per_sm(config),
         copy_tile=COPY_A_TILE,
+        copy_threads=COPY_A_THREADS,
     )
     return KernelSource(config, code)

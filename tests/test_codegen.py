@@ -65,6 +65,12 @@ def test_copied_a_runs_the_k_major_kernel_after_a_transpose():
     body = main[main.index("namespace {"):].replace(copied.name, k_major.name)
     assert body.rstrip() == k_code[k_code.index("namespace {"):].rstrip()
     assert f"{copied.name}_transpose(const float* __restrict__ A" in transpose
+    # Its block size and tile come from codegen, which the launcher reads too.
+    from nmgen.codegen import COPY_A_THREADS, COPY_A_TILE
+
+    assert f"__launch_bounds__({COPY_A_THREADS})" in transpose
+    assert f"COPY_TILE = {COPY_A_TILE}," in transpose
+    assert f"ROW_STEP = {COPY_A_THREADS} / CHUNKS;" in transpose
 
 
 def test_sliced_k_kernel_splits_the_rows_and_adds_the_slices():

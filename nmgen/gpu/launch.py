@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..codegen import COPY_A_TILE, render
+from ..codegen import COPY_A_THREADS, COPY_A_TILE, render
 from ..config import ALayout, Arch, KernelConfig
 from ..format import NMMatrix
 from ..model import arch_of_capability
@@ -152,11 +152,6 @@ def _launch(function: Any, grid: tuple[int, int, int], threads: int, smem: int,
     """``cuLaunchKernel`` of a 1-D block of ``threads``."""
     _cupy().cuda.driver.launchKernel(function.ptr, *grid, threads, 1, 1, smem, stream_ptr,
                                      ctypes.addressof(params), 0)
-
-
-# The transpose kernel's block (its __launch_bounds__ in the template; with COPY_A_TILE
-# there, the next template change should pass both from codegen).
-COPY_A_THREADS = 256
 
 
 @dataclass
