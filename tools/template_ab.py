@@ -1,6 +1,7 @@
-"""A/B of two versions of the kernel template in one process: each configuration rendered
-from a base template file (A) and from the working tree's template (B), both checked
-against float64 (NaN-poisoned output), then timed in turns beside cuBLAS SGEMM.
+"""A/B of versions of the kernel template in one process: each configuration rendered
+from a base template file (A) and from the working tree's template (B), or from each of
+the ``--variants`` files (B, C, ...), all checked against float64 (NaN-poisoned output),
+then timed in turns beside cuBLAS SGEMM.
 
 Why in one process: a change worth a few per cent is smaller than what moves between two
 machines or two runs; timed in turns on one GPU, clock drift touches both alike.
@@ -8,6 +9,7 @@ machines or two runs; timed in turns on one GPU, clock drift touches both alike.
     git show HEAD~1:templates/nm_spmm_f32.cu.j2 > /tmp/base.cu.j2
     python tools/template_ab.py --base /tmp/base.cu.j2 --out results/template_ab_h100
     python tools/template_ab.py --base /tmp/base.cu.j2 --nvcc-only   # no GPU
+    python tools/template_ab.py --base templates/nm_spmm_f32.cu.j2 --variants v1.j2,v2.j2
 """
 
 from __future__ import annotations
@@ -29,14 +31,27 @@ from nmgen.report import markdown_table  # noqa: E402
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", type=Path, required=True, help="template file of version A")
+    parser.add_argument("--variants", default="",
+                        help="template files of versions B, C, ... (default: the working tree's)")
     parser.add_argument("--rounds", type=int, default=5)
     add_variant_args(parser, "compile both versions with nvcc here instead (no GPU)")
     args = parser.parse_args()
-    base = args.base.read_text()
+    paths = [Path(v) for v in args.variants.split(",")] if args.variants else [None]
+    if len(paths) > 6:
+        parser.error("at most 6 variants")
+    # label -> (what it is, template text; None: the working tree's template)
+    versions = {"A": (args.base.name, args.base.read_text())}
+    for label, path in zip("BCDEFG", paths, strict=False):
+        versions[label] = (path.name, path.read_text()) if path else ("working tree", None)
+
+    def source_of(config, version):
+        text = version[1]
+        return render(config) if text is None else render_text(config, text)
+
     if args.nvcc_only:
-        nvcc_table([(c.name, label, source) for c in configs_of(args.configs, Arch.SM90)
-                    for label, source in (("A", render_text(c, base)), ("B", render(c)))],
-                   args.cuobjdump)
+        nvcc_table([(c.name, label, source_of(c, text))
+                    for c in configs_of(args.configs, Arch.SM90)
+                    for label, text in versions.items()], args.cuobjdump)
         return
 
     import cupy as cp
@@ -48,16 +63,17 @@ def main() -> None:
     from nmgen.results import RTOL
 
     configs = configs_of(args.configs, device_info().arch)
-    sources = [(render_text(c, base), render(c)) for c in configs]
-    precompile([s for pair in sources for s in pair])
+    sources = [{label: source_of(c, text) for label, text in versions.items()} for c in configs]
+    precompile([s for per_config in sources for s in per_config.values()])
     size = args.size
     a = cp.random.standard_normal((size, size), dtype=cp.float32)
     sgemm = dense_gemm(Dense.SGEMM, a, a)
+    labels = list(versions)
     rows, record = [], []
-    for config, pair in zip(configs, sources, strict=True):
+    for config, per_config in zip(configs, sources, strict=True):
         bench = ProblemBench(config.n, config.m, 32, config.a_layout, size, size, size)
         kernels = {}
-        for label, source in zip("AB", pair, strict=True):
+        for label, source in per_config.items():
             kernels[label] = Kernel(config)
             kernels[label].source = source  # the version's code; same name and launch
         errors = {label: bench.error(k) for label, k in kernels.items()}
@@ -65,26 +81,29 @@ def main() -> None:
                if errors[label] < RTOL}
         fns["sgemm"] = lambda i: sgemm()
         ms = time_in_turns(fns, rounds=args.rounds)
-        sg = ms["sgemm"]
-        a_ms, b_ms = ms.get("A", float("nan")), ms.get("B", float("nan"))
-        rows.append([config.name, f"{errors['A']:.1e}", f"{errors['B']:.1e}", f"{a_ms:.4f}",
-                     f"{b_ms:.4f}", f"{sg / a_ms:.3f}x", f"{sg / b_ms:.3f}x",
-                     f"{a_ms / b_ms:.3f}"])
-        record.append({"config": config.name, "error_a": errors["A"], "error_b": errors["B"],
-                       "ms_a": a_ms, "ms_b": b_ms, "sgemm_ms": sg})
+        times = {label: ms.get(label, float("nan")) for label in labels}
+        rows.append([config.name, *(f"{errors[x]:.1e}" for x in labels),
+                     *(f"{times[x]:.4f}" for x in labels),
+                     *(f"{ms['sgemm'] / times[x]:.3f}x" for x in labels),
+                     *(f"{times['A'] / times[x]:.3f}" for x in labels[1:])])
+        record.append({"config": config.name, "sgemm_ms": ms["sgemm"],
+                       **{f"error_{x.lower()}": errors[x] for x in labels},
+                       **{f"ms_{x.lower()}": times[x] for x in labels}})
         print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
         del bench
-    table = markdown_table(["configuration", "error A", "error B", "A ms", "B ms",
-                            "A / SGEMM", "B / SGEMM", "A ms / B ms"], rows)
+    table = markdown_table(["configuration", *(f"error {x}" for x in labels),
+                            *(f"{x} ms" for x in labels), *(f"{x} / SGEMM" for x in labels),
+                            *(f"A ms / {x} ms" for x in labels[1:])], rows)
     gpu = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    text = (f"{gpu}, M=N=K={size}, L=32; A: {args.base.name}, B: working tree; "
-            f"{args.rounds} rounds in turns\n\n{table}")
+    named = ", ".join(f"{x}: {what}" for x, (what, _) in versions.items())
+    text = f"{gpu}, M=N=K={size}, L=32; {named}; {args.rounds} rounds in turns\n\n{table}"
     print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "template_ab.md").write_text(text + "\n")
         (args.out / "template_ab.json").write_text(json.dumps(
-            {"gpu": gpu, "size": size, "base": args.base.name, "rows": record}, indent=1) + "\n")
+            {"gpu": gpu, "size": size, "versions": {x: what for x, (what, _) in versions.items()},
+             "rows": record}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
