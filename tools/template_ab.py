@@ -34,6 +34,9 @@ def main() -> None:
     parser.add_argument("--variants", default="",
                         help="template files of versions B, C, ... (default: the working tree's)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--time-wrong", action="store_true",
+                        help="time versions that fail the float64 check too (diagnostic "
+                             "variants that skip work on purpose)")
     add_variant_args(parser, "compile both versions with nvcc here instead (no GPU)")
     args = parser.parse_args()
     paths = [Path(v) for v in args.variants.split(",")] if args.variants else [None]
@@ -78,7 +81,7 @@ def main() -> None:
             kernels[label].source = source  # the version's code; same name and launch
         errors = {label: bench.error(k) for label, k in kernels.items()}
         fns = {label: bench.launcher(k) for label, k in kernels.items()
-               if errors[label] < RTOL}
+               if errors[label] < RTOL or args.time_wrong}
         fns["sgemm"] = lambda i: sgemm()
         ms = time_in_turns(fns, rounds=args.rounds)
         times = {label: ms.get(label, float("nan")) for label in labels}
