@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--time-wrong", action="store_true",
                         help="time versions that fail the float64 check too (diagnostic "
                              "variants that skip work on purpose)")
-    add_variant_args(parser, "compile both versions with nvcc here instead (no GPU)")
+    add_variant_args(parser, "compile every version with nvcc here instead (no GPU)")
     args = parser.parse_args()
     paths = [Path(v) for v in args.variants.split(",")] if args.variants else [None]
     if len(paths) > 6:
@@ -52,9 +52,9 @@ def main() -> None:
         return render(config) if text is None else render_text(config, text)
 
     if args.nvcc_only:
-        nvcc_table([(c.name, label, source_of(c, text))
+        nvcc_table([(c.name, label, source_of(c, version))
                     for c in configs_of(args.configs, Arch.SM90)
-                    for label, text in versions.items()], args.cuobjdump)
+                    for label, version in versions.items()], args.cuobjdump)
         return
 
     import cupy as cp
@@ -66,7 +66,8 @@ def main() -> None:
     from nmgen.results import RTOL
 
     configs = configs_of(args.configs, device_info().arch)
-    sources = [{label: source_of(c, text) for label, text in versions.items()} for c in configs]
+    sources = [{label: source_of(c, version) for label, version in versions.items()}
+               for c in configs]
     precompile([s for per_config in sources for s in per_config.values()])
     size = args.size
     a = cp.random.standard_normal((size, size), dtype=cp.float32)
