@@ -44,6 +44,23 @@ def summarize(path: Path, top: int) -> None:
     print("  by opcode: " + ", ".join(f"{k} {v}" for k, v in by_opcode.most_common(8)))
     for row in sorted(rows, key=lambda r: -int(r[NOT_ISSUED] or 0))[:top]:
         print(f"  {int(row[NOT_ISSUED]):6d}  {row['Source'].strip()[:64]}")
+    by_count(rows, total)
+
+
+def by_count(rows: list[dict[str, str]], total: int) -> None:
+    """Samples and executed instructions by how often an instruction ran: in a kernel of
+    nested loops each count is a loop level (the compute body, a stage, the whole block)."""
+    groups: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
+    for row in rows:
+        runs = int(row["Instructions Executed"] or 0)
+        groups[runs][0] += 1
+        groups[runs][1] += int(row[ALL] or 0)
+        groups[runs][2] += runs
+    executed = sum(g[2] for g in groups.values())
+    print("  by execution count (instructions, share of samples, share of executed):")
+    for runs, (count, samples, ran) in sorted(groups.items(), key=lambda g: -g[1][1])[:6]:
+        print(f"    {runs:9d} x {count:5d}: {samples / max(total, 1):6.1%} "
+              f"{ran / max(executed, 1):6.1%}")
 
 
 def main() -> None:
