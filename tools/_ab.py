@@ -57,11 +57,16 @@ def precompile(sources: list[KernelSource], workers: int = 16) -> None:
         list(pool.map(_compile, [s.code for s in sources]))
 
 
-def sass_counts(cubin: str, cuobjdump: str) -> tuple[int, int]:
-    """(instructions, of them FFMA) in a cubin's SASS, counted statically."""
+def sass_listing(cubin: str, cuobjdump: str) -> list[str]:
+    """A cubin's SASS instructions, in order (cuobjdump's text of each)."""
     listing = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True,
                              check=True).stdout
-    ops = [m.group(1) for m in map(SASS_LINE.match, listing.splitlines()) if m]
+    return [m.group(1) for m in map(SASS_LINE.match, listing.splitlines()) if m]
+
+
+def sass_counts(cubin: str, cuobjdump: str) -> tuple[int, int]:
+    """(instructions, of them FFMA) in a cubin's SASS, counted statically."""
+    ops = sass_listing(cubin, cuobjdump)
     return len(ops), sum(opcode(op) == "FFMA" for op in ops)
 
 

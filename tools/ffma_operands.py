@@ -17,16 +17,13 @@ two-bank model of Volta-class register files). Two sources:
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _ab import SASS_LINE, configs_of  # noqa: E402
+from _ab import configs_of, sass_listing  # noqa: E402
 from _sass import opcode  # noqa: E402
 from ncu_stalls import read_rows  # noqa: E402
 
@@ -64,23 +61,15 @@ def conflicts(instructions: list[str]) -> list[bool | None]:
     return out
 
 
-def sass_of(source, cuobjdump: str) -> list[str]:
-    with tempfile.TemporaryDirectory() as cache:
-        os.environ["NMGEN_CACHE_DIR"] = cache
-        cubin = compile_with_nvcc(source).path
-        listing = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True,
-                                 text=True, check=True).stdout
-    return [m.group(1) for m in map(SASS_LINE.match, listing.splitlines()) if m]
-
-
 def report_templates(args: argparse.Namespace) -> None:
     versions = [args.base, *(Path(v) for v in args.variants.split(",") if v)]
     print("| configuration | version | FFMA | with a same-bank pair | share |\n"
           "| --- | --- | --- | --- | --- |")
     for config in configs_of(args.configs, Arch.SM90):
         for path in versions:
-            flags = [c for c in conflicts(sass_of(render_text(config, path.read_text()),
-                                                  args.cuobjdump)) if c is not None]
+            cubin = compile_with_nvcc(render_text(config, path.read_text())).path
+            flags = [c for c in conflicts(sass_listing(str(cubin), args.cuobjdump))
+                     if c is not None]
             print(f"| {config.name} | {path.name} | {len(flags)} | {sum(flags)} | "
                   f"{sum(flags) / len(flags):.0%} |", flush=True)
 

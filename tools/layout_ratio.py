@@ -7,7 +7,6 @@ from two ``nmgen bench`` CSVs of the same shapes (``--layout rm`` and ``--layout
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -15,12 +14,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nmgen.report import geomean, markdown_table  # noqa: E402
+from nmgen.results import read_csv  # noqa: E402
 
 
 def times(path: Path) -> dict[tuple[str, int, int, int], float]:
-    with path.open() as f:
-        return {(r["pattern"], int(r["M"]), int(r["N"]), int(r["K"])): float(r["nmgen_ms"])
-                for r in csv.DictReader(f)}
+    return {(r.pattern, r.M, r.N, r.K): r.nmgen_ms for r in read_csv(path)}
 
 
 def main() -> None:
