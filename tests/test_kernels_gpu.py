@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -89,6 +90,29 @@ def test_llama_size_problem(layout, packing, gpu_cases):
     err = check_case(nmgen.Kernel(config), rng, 1000, 4096 + 13, 1536 + 5)
     assert err < RTOL, f"{config.name}: relative error {err:.3g} (seed {SEED})"
     gpu_cases["kernel_cases"] += 1
+
+
+def test_two_versions_of_one_configuration_run_their_own_code(gpu_cases):
+    """The A/B tools time template variants under one name on one weight: the launch plan
+    cached on the weight must follow the source, not the name."""
+    import cupy as cp
+
+    config = nmgen.KernelConfig(8, 32, 32, 64, 128, 64, 8, 8)
+    source = nmgen.Kernel(config).source
+    zero = "acc[i][j] = 0.0f;"
+    assert source.code.count(zero) == 1, "the accumulator reset this test rewrites moved"
+    plus_one = replace(source, code=source.code.replace(zero, "acc[i][j] = 1.0f;"))
+    rng = np.random.default_rng(SEED)
+    b = nmgen.prune(rng.standard_normal((256, 130), dtype=np.float32), (8, 32), 32)
+    a = make_a(rng, 70, 256, ALayout.ROW_MAJOR)
+    outs = []
+    for kernel in (nmgen.Kernel(config), nmgen.Kernel(config, plus_one), nmgen.Kernel(config)):
+        out = cp.full((70, 130), cp.nan, cp.float32)
+        outs.append(kernel(a, b, out=out))
+    ref = nmgen.reference(a, b)
+    assert relative_error(outs[0], ref) < RTOL and relative_error(outs[2], ref) < RTOL
+    assert relative_error(outs[1] - 1.0, ref) < RTOL, "the variant's plan was not its own"
+    gpu_cases["kernel_cases"] += 3
 
 
 @pytest.mark.parametrize(("split_k", "packing"), [(1, False), (3, True)])

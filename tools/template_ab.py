@@ -76,10 +76,8 @@ def main() -> None:
     rows, record = [], []
     for config, per_config in zip(configs, sources, strict=True):
         bench = ProblemBench(config.n, config.m, 32, config.a_layout, size, size, size)
-        kernels = {}
-        for label, source in per_config.items():
-            kernels[label] = Kernel(config)
-            kernels[label].source = source  # the version's code; same name and launch
+        # The version's code under the configuration's name and launch.
+        kernels = {label: Kernel(config, source) for label, source in per_config.items()}
         errors = {label: bench.error(k) for label, k in kernels.items()}
         fns = {label: bench.launcher(k) for label, k in kernels.items()
                if errors[label] < RTOL or args.time_wrong}

@@ -74,8 +74,7 @@ def main() -> None:
         if problem != (config.n, config.m, config.a_layout):  # one problem alive at a time
             problem = (config.n, config.m, config.a_layout)
             bench = ProblemBench(config.n, config.m, 32, config.a_layout, s, s, s)
-        kernel = Kernel(config)
-        kernel.source = source  # the variant's code; same name and launch
+        kernel = Kernel(config, source)  # the variant's code; same name and launch
         err = bench.error(kernel)
         ms = bench.time_ms(kernel, repeat=30) if err < RTOL else float("nan")
         rows.append([config.name, unroll, f"{err:.1e}", f"{ms:.4f}", f"{sgemm_ms / ms:.3f}x"])

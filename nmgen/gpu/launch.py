@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..codegen import COPY_A_THREADS, COPY_A_TILE, render
+from ..codegen import COPY_A_THREADS, COPY_A_TILE, KernelSource, render
 from ..config import ALayout, Arch, KernelConfig
 from ..format import NMMatrix
 from ..model import arch_of_capability
@@ -206,9 +206,14 @@ _STREAMS: dict[int, Any] = {}
 class Kernel:
     """One compiled configuration: ``Kernel(config)(a, b, out=None, stream=None)``."""
 
-    def __init__(self, config: KernelConfig):
+    def __init__(self, config: KernelConfig, source: KernelSource | None = None):
+        """``source``: another version of ``config``'s code (the A/B tools time template
+        variants under one name); by default the template's."""
         self.config = config
-        self.source = render(config)
+        self.source = render(config) if source is None else source
+        # Launch plans are cached on the weight, keyed by this, so that two versions of
+        # one configuration never share a compiled function.
+        self._source_key = self.source.sha256
         self._functions: dict[int, tuple[Any, Any]] = {}
         # What passed the checks of A and of out that do not change from call to call
         # (shapes, strides, dtypes, the weight's pattern): the hot path looks them up.
@@ -278,7 +283,7 @@ class Kernel:
         out, c_op = _output(out, a, a_op, (m_rows, n_cols), self._out_checked)
         if m_rows == 0:
             return out
-        key = ("plan", self.name, a_op.device, m_rows, lda, a_op.ptr % 16 == 0)
+        key = ("plan", self._source_key, a_op.device, m_rows, lda, a_op.ptr % 16 == 0)
         plan = b._prepared.get(key)
         if plan is None:
             plan = b._prepared[key] = self._plan(b, a_op.device, m_rows, lda, key[-1])
