@@ -7,6 +7,9 @@ kernel still times the code that the current generator builds. ``carry`` renders
 recorded configuration with the generator that made the records (its source tree, e.g. a
 git revision, in a process of its own) and with the current one, and re-keys the trials
 of the kernels whose source is identical; the others are dropped, to be tuned again.
+With ``top``, the report also names, per problem, the changed kernels among its ``top``
+fastest: ``Tuner.remeasure`` times those again (``nmgen carry --remeasure TOP``), so that
+a generator change costs minutes of GPU time rather than a new search.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from .codegen import render
 from .config import KernelConfig
-from .db import ConfigRow, ProblemRow, TrialRow, _get_or_create, config_row
+from .db import GOOD, ConfigRow, ProblemKey, ProblemRow, TrialRow, _get_or_create, config_row
 from .dispatch import template_hash
 
 # Run in the old tree's process: its own nmgen (an editable install of this checkout
@@ -73,6 +76,8 @@ class CarryReport:
     carried: int = 0  # trials re-keyed
     dropped: int = 0  # trials of kernels whose source changed
     changed: set[str] = field(default_factory=set)  # those kernels' names
+    # per problem (its key under the current generator): changed kernels among its fastest
+    remeasure: dict[ProblemKey, list[KernelConfig]] = field(default_factory=dict)
 
     def __str__(self) -> str:
         return (f"{self.problems} problems of an older generator: {self.carried} trials "
@@ -80,10 +85,12 @@ class CarryReport:
                 f"({len(self.changed)} kernels whose source changed)")
 
 
-def carry(engine: Engine, old_root: Path) -> CarryReport:
+def carry(engine: Engine, old_root: Path, top: int = 0) -> CarryReport:
     """Re-key the records that an older generator (source tree ``old_root``) made and the
-    current one would make alike; remove that generator's problems afterwards. Raises
-    ``ValueError`` where the records were made by a generator other than ``old_root``'s."""
+    current one would make alike; remove that generator's problems afterwards. With
+    ``top``, list each problem's changed kernels among its ``top`` fastest results in
+    ``report.remeasure``. Raises ``ValueError`` where the records were made by a generator
+    other than ``old_root``'s."""
     report = CarryReport(template_hash())
     with Session(engine) as session, session.begin():
         old = list(session.scalars(select(ProblemRow).where(
@@ -108,6 +115,8 @@ def carry(engine: Engine, old_root: Path) -> CarryReport:
         report.problems = len(old)
         for problem in old:
             _carry_problem(session, problem, same, report)
+            if top > 0:
+                _list_changed_finalists(session, problem, same, top, report)
         _drop(session, [p.id for p in old])
     return report
 
@@ -134,6 +143,23 @@ def _carry_problem(session: Session, problem: ProblemRow, same: dict, report: Ca
                              model_ms=trial.model_ms, error=trial.error,
                              created=trial.created))
         report.carried += 1
+
+
+def _list_changed_finalists(session: Session, problem: ProblemRow, same: dict, top: int,
+                            report: CarryReport) -> None:
+    good = sorted((trial.time_ms, trial.config_row.name, trial.config_row.params)
+                  for trial in session.scalars(select(TrialRow).where(
+                      TrialRow.problem_id == problem.id, TrialRow.status.in_(GOOD))))
+    changed = [KernelConfig.from_dict(params) for _, name, params in good[:top]
+               if name not in same]
+    if changed:
+        gpu = problem.gpu
+        key = ProblemKey(gpu=gpu.name, device_name=gpu.device_name, arch=gpu.arch,
+                         cuda_version=gpu.cuda_version, sms=gpu.sms,
+                         template_hash=report.generator, n=problem.n, m=problem.m,
+                         vec=problem.vec, dtype=problem.dtype, a_layout=problem.a_layout,
+                         rows=problem.rows, cols=problem.cols, depth=problem.depth)
+        report.remeasure[key] = changed
 
 
 def _drop(session: Session, problem_ids: list[int]) -> None:

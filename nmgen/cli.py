@@ -151,10 +151,57 @@ def _carry(args: argparse.Namespace) -> int:
     from .carry import carry, tree_of_revision
     from .db import connect
 
+    engine = connect(args.db)
     with tempfile.TemporaryDirectory() as tmp:
         root = args.tree or tree_of_revision(args.repo, args.from_rev, Path(tmp))
-        print(carry(connect(args.db), root))
+        report = carry(engine, root, top=args.remeasure)
+    print(report, flush=True)
+    if report.remeasure:
+        _remeasure(engine, report.remeasure, args.dry_run)
     return 0
+
+
+def _is_present(spec) -> bool:
+    """Whether the GPU present is the table entry ``spec``."""
+    from .gpu.launch import device_info
+    from .model import check_device
+
+    info = device_info()
+    try:
+        check_device(spec, info.name, info.sms, info.major, info.minor)
+    except ValueError:
+        return False
+    return True
+
+
+def _remeasure(engine, problems: dict, dry_run: bool) -> None:
+    """Time again, on this GPU, each problem's changed finalists (``carry --remeasure``);
+    problems of another GPU or CUDA version are left for a machine that has them."""
+    from .model import gpu_spec
+    from .tuner import GpuMeasurer, ModelMeasurer, Tuner, TuneTask
+
+    tuner = Tuner(engine, storage=None, dry_run=dry_run,
+                  log=lambda s: print(s, file=sys.stderr, flush=True))
+    skipped = 0
+    try:
+        for i, (key, configs) in enumerate(problems.items(), 1):
+            task = TuneTask(gpu_spec(key.gpu), key.n, key.m, key.vec, ALayout(key.a_layout),
+                            key.rows, key.cols, key.depth)
+            if not (dry_run or _is_present(task.gpu)):
+                skipped += 1
+                continue
+            here = ModelMeasurer(task).key if dry_run else GpuMeasurer.key_of(task)
+            if here.same_family() != key.same_family():
+                skipped += 1
+                continue
+            winner = tuner.remeasure(task, configs)
+            best = f"{winner.time_ms:.4f} ms {winner.config.name}" if winner else "none"
+            print(f"[{i}/{len(problems)}] {task.study_name}: {len(configs)} remeasured, "
+                  f"best {best}", flush=True)
+    finally:
+        tuner.close()
+    if skipped:
+        print(f"{skipped} problems of another GPU or CUDA version were not remeasured here")
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -274,6 +321,11 @@ def build_parser() -> argparse.ArgumentParser:
     made_by.add_argument("--tree", type=Path, help="... or its source tree (nmgen/, templates/)")
     carry.add_argument("--repo", type=Path, default=Path("."), help="git repository of --from-rev")
     carry.add_argument("--db", help="SQLAlchemy URL of the tuned database")
+    carry.add_argument("--remeasure", type=int, default=0, metavar="TOP",
+                       help="then time again, on this GPU, the changed kernels among each "
+                            "problem's TOP fastest (0: drop them, tune again later)")
+    carry.add_argument("--dry-run", action="store_true",
+                       help="--remeasure with the model's estimates (no GPU)")
     carry.set_defaults(run=_carry)
 
     export = sub.add_parser("export", help="write generated .cu files for inspection")

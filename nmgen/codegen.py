@@ -16,11 +16,11 @@ from .version import __version__
 
 TEMPLATE_OF_FAMILY = {Family.F32_SIMT: "nm_spmm_f32.cu.j2"}
 # The compute loop over a stage's compressed rows is unrolled by at most ROW_UNROLL: on an
-# H100 the core kernels run as fast unrolled by 16 as fully (results/unroll_h100,
-# results/unroll_tr_h100: 0-0.8 % faster for the staged "tr" path), and nvcc takes 24-48 %
-# less time on five of six kernels (13 % more on one; results/unroll_h100/nvcc_seconds.txt),
-# which is what tuning waits on.
+# H100 the K-major core kernels are fastest so (results/ab_fixed_h100/runs/unroll: full
+# unroll 1-3 % slower at 32 and 48 rows, by 8 or 4 slower still), and nvcc takes less time
+# than unrolled fully (results/unroll_h100/nvcc_seconds.txt).
 ROW_UNROLL = 16
+COPY_UNROLL = 8  # the stage-copy loops' unroll where it divides their trip counts
 # The transpose kernel of a copied A tile ("tx") moves COPY_A_TILE x COPY_A_TILE floats a
 # block of COPY_A_THREADS threads; the template and the launcher both take them from here.
 COPY_A_TILE = 64
@@ -86,6 +86,30 @@ def row_unroll(config: KernelConfig) -> int:
     return min(config.ws // config.slice_k, ROW_UNROLL)
 
 
+def copy_trip_counts(config: KernelConfig) -> list[int]:
+    """Rows a thread steps through in the stage copies that keep one chunk column a
+    thread (``for_each_cell`` / ``for_each_chunk_at``): B' and the A tile."""
+    tiles = [(config.ws, config.ns // 4)]  # B': WS rows of NS/4 chunks
+    if config.a_tile is ATile.M_MAJOR:
+        tiles.append((config.ms, config.ks // 4))
+    elif config.landing and not config.swizzle:  # chunk pairs x 2 lanes a landing row
+        tiles.append(((-(-config.a_rows // 4) + 1) // 2, 2 * config.ms))
+    elif not config.staged:
+        tiles.append((config.a_rows, config.ms // 4))
+    return [-(-rows // (config.threads // chunks)) for rows, chunks in tiles
+            if config.threads % chunks == 0]
+
+
+def copy_unroll(config: KernelConfig) -> int:
+    """The copy loops' unroll: COPY_UNROLL, or all of the longest copy loop where a trip
+    count above COPY_UNROLL is not a multiple of it (12 steps unrolled by 8 left a
+    remainder loop that cost the 12:32 core kernel 2.7 %: results/ab_fixed_h100)."""
+    trips = copy_trip_counts(config)
+    if any(n > COPY_UNROLL and n % COPY_UNROLL for n in trips):
+        return max(trips)
+    return COPY_UNROLL
+
+
 @functools.lru_cache(maxsize=1024)
 def render(config: KernelConfig) -> KernelSource:
     """The CUDA source of ``config``, with a header naming it and the nmgen version."""
@@ -107,6 +131,7 @@ def _render(template: jinja2.Template, config: KernelConfig) -> KernelSource:
         row_major=config.kernel_a_layout is ALayout.ROW_MAJOR,
         m_major_tile=config.a_tile is ATile.M_MAJOR,
         unroll_w=row_unroll(config),
+        copy_unroll=copy_unroll(config),
         min_blocks=min_blocks_per_sm(config),
         copy_tile=COPY_A_TILE,
         copy_threads=COPY_A_THREADS,

@@ -421,6 +421,23 @@ class Tuner:
                               else "no correct kernel") + f" [{report.seconds:.2f} s: {phases}]")
         return report
 
+    def remeasure(self, task: TuneTask, configs: Sequence[KernelConfig]) -> Winner | None:
+        """Measure ``configs`` on ``task``'s problem where the database holds no result of
+        them yet (kernels whose source a generator change altered: ``carry``), then time
+        the finalists again in turns (``confirm``). Returns the problem's winner."""
+        measurer = self.measurer(task)
+        known = self._known(measurer.key)
+        fresh = [c for c in dict.fromkeys(configs)
+                 if c.name not in known and feasible(c, task.gpu) is None]
+        measurer.prepare(fresh)
+        for config in fresh:
+            self._outcome(task, measurer, config, known)
+        if fresh:
+            self.confirm(task, measurer)
+        status = TrialStatus.MODEL if self.dry_run else TrialStatus.OK
+        return best_per_problem(self.engine, measurer.key, status).get(
+            (task.rows, task.cols, task.depth))
+
     def compile_ahead(self, tasks: Sequence[TuneTask]) -> int:
         """Queue the seeds of ``tasks`` (the studies to come) for the spare compile
         processes, once a study; returns how many kernels were queued."""

@@ -87,3 +87,87 @@ def test_carry_from_the_command_line(older_tree, tmp_path):
     record_trial(connect(url), key(old), SPLIT, old, TrialStatus.OK, time_ms=1.0)
     wrong = cli("--tree", str(ROOT), "--db", url)  # the current generator made none of them
     assert wrong.returncode == 2 and "generator" in wrong.stderr
+
+
+def model_key(generator: str, rows: int = 256) -> ProblemKey:
+    """A dry run's problem (the model's estimates under a GPU row of their own)."""
+    return ProblemKey(gpu="h100", device_name="model:h100", arch="sm_90", cuda_version=0,
+                      sms=132, template_hash=generator, n=8, m=32, vec=32, dtype="f32",
+                      a_layout="km", rows=rows, cols=4096, depth=4096)
+
+
+def test_carry_lists_changed_finalists_and_remeasure_times_them(older_tree, tmp_path):
+    """`carry(top=...)` names the changed kernels among a problem's fastest; the tuner's
+    `remeasure` records them under the current generator (the model's estimate in a dry
+    run) and the problem has its winner again."""
+    from nmgen.model import gpu_spec
+    from nmgen.tuner import Tuner, TuneTask
+
+    engine = connect(f"sqlite:///{tmp_path / 'tuned.db'}")
+    old, _ = render_hashes(older_tree, [])
+    record_trial(engine, model_key(old), UNSPLIT, old, TrialStatus.MODEL, time_ms=2.0)
+    record_trial(engine, model_key(old), SPLIT, old, TrialStatus.MODEL, time_ms=1.0)
+    record_trial(engine, model_key(old, rows=512), UNSPLIT, old, TrialStatus.MODEL,
+                 time_ms=3.0)
+    report = carry(engine, older_tree, top=2)
+    new = model_key(template_hash())
+    assert report.remeasure == {new: [SPLIT]}  # 512 rows: its one kernel was carried
+    assert [r.config_row.name for r in trials_of(engine, new)] == [UNSPLIT.name]
+    task = TuneTask(gpu_spec("h100"), 8, 32, 32, nmgen.ALayout.K_MAJOR, 256, 4096, 4096)
+    winner = Tuner(engine, storage=None, dry_run=True).remeasure(task, report.remeasure[new])
+    rows = {r.config_row.name: r for r in trials_of(engine, new)}
+    assert set(rows) == {UNSPLIT.name, SPLIT.name}
+    assert rows[SPLIT.name].status == TrialStatus.MODEL
+    assert rows[SPLIT.name].config_row.source_hash == nmgen.render(SPLIT).sha256
+    assert winner is not None and winner.config.name == min(
+        rows, key=lambda name: (rows[name].time_ms, name))
+
+
+def test_carry_remeasure_from_the_command_line(older_tree, tmp_path):
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    old, _ = render_hashes(older_tree, [])
+    record_trial(connect(url), model_key(old), SPLIT, old, TrialStatus.MODEL, time_ms=1.0)
+    done = subprocess.run([sys.executable, "-m", "nmgen.cli", "carry", "--tree",
+                           str(older_tree), "--db", url, "--remeasure", "3", "--dry-run"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "0 trials carried" in done.stdout and "1 dropped" in done.stdout
+    assert "[1/1] nmgen_h100_8:32_l32_f32_km_256x4096x4096: 1 remeasured, best" in done.stdout
+    (row,) = trials_of(connect(url), model_key(template_hash()))
+    assert row.config_row.name == SPLIT.name and row.status == TrialStatus.MODEL
+
+
+@pytest.mark.gpu
+def test_carry_remeasure_on_the_gpu(older_tree, tmp_path):
+    """`nmgen carry --remeasure` on the device: the changed kernel is checked and timed
+    under the current generator, and the finalists are timed again in turns (the old
+    records' made-up 50 and 99 ms do not survive)."""
+    from nmgen.db import best_per_problem
+    from nmgen.gpu.launch import device_info
+    from nmgen.model import gpu_of_device_name, gpu_spec
+
+    info = device_info()
+    spec = gpu_spec(gpu_of_device_name(info.name))
+
+    def gpu_key(generator: str) -> ProblemKey:
+        return ProblemKey(gpu=spec.name, device_name=info.name, arch=spec.arch.value,
+                          cuda_version=info.cuda_version, sms=spec.sms,
+                          template_hash=generator, n=8, m=32, vec=32, dtype="f32",
+                          a_layout="km", rows=100, cols=512, depth=1024)
+
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    old, _ = render_hashes(older_tree, [])
+    record_trial(connect(url), gpu_key(old), UNSPLIT, old, TrialStatus.OK, time_ms=50.0)
+    record_trial(connect(url), gpu_key(old), SPLIT, old, TrialStatus.OK, time_ms=99.0)
+    done = subprocess.run([sys.executable, "-m", "nmgen.cli", "carry", "--tree",
+                           str(older_tree), "--db", url, "--remeasure", "2"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "1 remeasured" in done.stdout
+    rows = {r.config_row.name: r for r in trials_of(connect(url), gpu_key(template_hash()))}
+    assert set(rows) == {UNSPLIT.name, SPLIT.name}
+    assert rows[SPLIT.name].status == TrialStatus.OK, rows[SPLIT.name].error
+    assert rows[SPLIT.name].config_row.source_hash == nmgen.render(SPLIT).sha256
+    assert 0 < rows[SPLIT.name].time_ms < 10 and 0 < rows[UNSPLIT.name].time_ms < 10
+    winner = best_per_problem(connect(url), gpu_key(template_hash()))[(100, 512, 1024)]
+    assert winner.config.name in rows

@@ -91,3 +91,17 @@ def test_row_loop_unroll(a_tile, ws, unroll):
     assert config.ws == ws
     code = nmgen.render(config).code
     assert f"#pragma unroll {unroll}\n    for (int w = 0; w < WS; ++w)" in code
+
+
+@pytest.mark.parametrize(("pattern", "ks", "trips", "unroll"), [
+    ((16, 32), 64, [8, 8], 8),      # B' 32 rows, 4 a step; A 64 rows, 8 a step
+    ((12, 32), 128, [12, 16], 16),  # B' 48 rows: 12 steps, not a multiple of 8
+    ((8, 32), 128, [8, 16], 8)])
+def test_copy_loops_unrolled_whole_where_8_leaves_a_remainder(pattern, ks, trips, unroll):
+    """The core kernels' stage copies (256 threads, NS = 256: 64 chunks a B' row)."""
+    from nmgen.codegen import copy_trip_counts, copy_unroll
+
+    config = nmgen.KernelConfig(*pattern, 32, 128, 256, ks, 16, 8, a_layout="km")
+    assert (copy_trip_counts(config), copy_unroll(config)) == (trips, unroll)
+    code = nmgen.render(config).code
+    assert code.count(f"#pragma unroll {unroll}\n        for (int j = 0; j < STEPS; ++j") == 2
