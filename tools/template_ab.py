@@ -47,14 +47,24 @@ def main() -> None:
     for label, path in zip("BCDEFG", paths, strict=False):
         versions[label] = (path.name, path.read_text()) if path else ("working tree", None)
 
-    def source_of(config, version):
-        text = version[1]
-        return render(config) if text is None else render_text(config, text)
+    def sources_of(configs):
+        """{label: source} per configuration; says where a version is A's code again."""
+        out = []
+        for config in configs:
+            per_config = {label: render(config) if text is None else render_text(config, text)
+                          for label, (_, text) in versions.items()}
+            same = [x for x, s in per_config.items() if x != "A" and s.code == per_config["A"].code]
+            if same:  # a variant that does not reach this configuration's code
+                print(f"{config.name}: {', '.join(same)} render the same source as A",
+                      file=sys.stderr)
+            out.append(per_config)
+        return out
 
     if args.nvcc_only:
-        nvcc_table([(c.name, label, source_of(c, version))
-                    for c in configs_of(args.configs, Arch.SM90)
-                    for label, version in versions.items()], args.cuobjdump)
+        configs = configs_of(args.configs, Arch.SM90)
+        nvcc_table([(c.name, label, source)
+                    for c, per_config in zip(configs, sources_of(configs), strict=True)
+                    for label, source in per_config.items()], args.cuobjdump)
         return
 
     import cupy as cp
@@ -66,8 +76,7 @@ def main() -> None:
     from nmgen.results import RTOL
 
     configs = configs_of(args.configs, device_info().arch)
-    sources = [{label: source_of(c, version) for label, version in versions.items()}
-               for c in configs]
+    sources = sources_of(configs)
     precompile([s for per_config in sources for s in per_config.values()])
     size = args.size
     a = cp.random.standard_normal((size, size), dtype=cp.float32)
