@@ -151,14 +151,36 @@ def _carry(args: argparse.Namespace) -> int:
     from .carry import carry, tree_of_revision
     from .db import connect
 
-    engine = connect(args.db)
     with tempfile.TemporaryDirectory() as tmp:
-        root = args.tree or tree_of_revision(args.repo, args.from_rev, Path(tmp))
+        root = args.tree or tree_of_revision(args.repo, args.from_rev, Path(tmp) / "old")
+        url = _scratch_copy(args.db, Path(tmp)) if args.plan else args.db
+        engine = connect(url)
         report = carry(engine, root, top=args.remeasure)
-    print(report, flush=True)
-    if report.remeasure:
-        _remeasure(engine, report.remeasure, args.dry_run)
+        print(report, flush=True)
+        if args.plan:
+            kernels = [c for configs in report.remeasure.values() for c in configs]
+            print(f"--remeasure {args.remeasure} would time {len(kernels)} kernels "
+                  f"({len({c.name for c in kernels})} distinct) of {len(report.remeasure)} "
+                  "problems; nothing was written")
+        elif report.remeasure:
+            _remeasure(engine, report.remeasure, args.dry_run)
     return 0
+
+
+def _scratch_copy(url: str | None, folder: Path) -> str:
+    """A copy of the SQLite database at ``url`` in ``folder`` (``carry --plan``)."""
+    import sqlite3
+
+    from .db import default_url
+
+    url = url or default_url()
+    if not url.startswith("sqlite:///"):
+        raise ValueError(f"carry --plan works on an SQLite file, not {url}")
+    copy = folder / "plan.sqlite"
+    # SQLite's backup, not a file copy: it includes what the write-ahead log still holds.
+    with sqlite3.connect(url.removeprefix("sqlite:///")) as src, sqlite3.connect(copy) as dst:
+        src.backup(dst)
+    return f"sqlite:///{copy}"
 
 
 def _is_present(spec) -> bool:
@@ -326,6 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "problem's TOP fastest (0: drop them, tune again later)")
     carry.add_argument("--dry-run", action="store_true",
                        help="--remeasure with the model's estimates (no GPU)")
+    carry.add_argument("--plan", action="store_true",
+                       help="say what would be carried, dropped and remeasured, on a copy "
+                            "of the SQLite database (nothing written)")
     carry.set_defaults(run=_carry)
 
     export = sub.add_parser("export", help="write generated .cu files for inspection")

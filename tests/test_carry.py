@@ -171,3 +171,19 @@ def test_carry_remeasure_on_the_gpu(older_tree, tmp_path):
     assert 0 < rows[SPLIT.name].time_ms < 10 and 0 < rows[UNSPLIT.name].time_ms < 10
     winner = best_per_problem(connect(url), gpu_key(template_hash()))[(100, 512, 1024)]
     assert winner.config.name in rows
+
+
+def test_carry_plan_writes_nothing(older_tree, tmp_path):
+    """`nmgen carry --plan --remeasure TOP` says what a carry would do on a copy."""
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    old, _ = render_hashes(older_tree, [])
+    record_trial(connect(url), key(old), UNSPLIT, old, TrialStatus.OK, time_ms=2.0)
+    record_trial(connect(url), key(old), SPLIT, old, TrialStatus.OK, time_ms=1.0)
+    done = subprocess.run([sys.executable, "-m", "nmgen.cli", "carry", "--tree",
+                           str(older_tree), "--db", url, "--remeasure", "3", "--plan"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "1 trials carried" in done.stdout and "1 dropped" in done.stdout
+    assert "would time 1 kernels (1 distinct) of 1 problems; nothing was written" in done.stdout
+    assert len(trials_of(connect(url), key(old))) == 2  # the database as it was
+    assert trials_of(connect(url), key(template_hash())) == []
