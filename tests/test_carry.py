@@ -20,6 +20,12 @@ UNSPLIT = nmgen.KernelConfig(8, 32, 32, 64, 128, 64, 8, 8, a_layout="km")
 SPLIT = UNSPLIT.replace(split_k=2)
 
 
+def carry_cli(*args: str) -> subprocess.CompletedProcess:
+    """`nmgen carry ARGS` in a process of its own, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "nmgen.cli", "carry", *args],
+                          capture_output=True, text=True)
+
+
 def key(generator: str) -> ProblemKey:
     return ProblemKey(gpu="h100", device_name="NVIDIA H100 80GB HBM3", arch="sm_90",
                       cuda_version=13000, sms=132, template_hash=generator, n=8, m=32, vec=32,
@@ -77,15 +83,11 @@ def test_carry_from_the_command_line(older_tree, tmp_path):
     old, _ = render_hashes(older_tree, [])
     record_trial(connect(url), key(old), UNSPLIT, old, TrialStatus.OK, time_ms=2.0)
 
-    def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "nmgen.cli", "carry", *args],
-                              capture_output=True, text=True)
-
-    done = cli("--tree", str(older_tree), "--db", url)
+    done = carry_cli("--tree", str(older_tree), "--db", url)
     assert done.returncode == 0, done.stderr
     assert "1 problems of an older generator: 1 trials carried" in done.stdout
     record_trial(connect(url), key(old), SPLIT, old, TrialStatus.OK, time_ms=1.0)
-    wrong = cli("--tree", str(ROOT), "--db", url)  # the current generator made none of them
+    wrong = carry_cli("--tree", str(ROOT), "--db", url)  # the current generator made none of them
     assert wrong.returncode == 2 and "generator" in wrong.stderr
 
 
@@ -127,9 +129,7 @@ def test_carry_remeasure_from_the_command_line(older_tree, tmp_path):
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
     old, _ = render_hashes(older_tree, [])
     record_trial(connect(url), model_key(old), SPLIT, old, TrialStatus.MODEL, time_ms=1.0)
-    done = subprocess.run([sys.executable, "-m", "nmgen.cli", "carry", "--tree",
-                           str(older_tree), "--db", url, "--remeasure", "3", "--dry-run"],
-                          capture_output=True, text=True)
+    done = carry_cli("--tree", str(older_tree), "--db", url, "--remeasure", "3", "--dry-run")
     assert done.returncode == 0, done.stderr
     assert "0 trials carried" in done.stdout and "1 dropped" in done.stdout
     assert "[1/1] nmgen_h100_8:32_l32_f32_km_256x4096x4096: 1 remeasured, best" in done.stdout
@@ -159,9 +159,7 @@ def test_carry_remeasure_on_the_gpu(older_tree, tmp_path):
     old, _ = render_hashes(older_tree, [])
     record_trial(connect(url), gpu_key(old), UNSPLIT, old, TrialStatus.OK, time_ms=50.0)
     record_trial(connect(url), gpu_key(old), SPLIT, old, TrialStatus.OK, time_ms=99.0)
-    done = subprocess.run([sys.executable, "-m", "nmgen.cli", "carry", "--tree",
-                           str(older_tree), "--db", url, "--remeasure", "2"],
-                          capture_output=True, text=True)
+    done = carry_cli("--tree", str(older_tree), "--db", url, "--remeasure", "2")
     assert done.returncode == 0, done.stderr
     assert "1 remeasured" in done.stdout
     rows = {r.config_row.name: r for r in trials_of(connect(url), gpu_key(template_hash()))}
@@ -179,9 +177,7 @@ def test_carry_plan_writes_nothing(older_tree, tmp_path):
     old, _ = render_hashes(older_tree, [])
     record_trial(connect(url), key(old), UNSPLIT, old, TrialStatus.OK, time_ms=2.0)
     record_trial(connect(url), key(old), SPLIT, old, TrialStatus.OK, time_ms=1.0)
-    done = subprocess.run([sys.executable, "-m", "nmgen.cli", "carry", "--tree",
-                           str(older_tree), "--db", url, "--remeasure", "3", "--plan"],
-                          capture_output=True, text=True)
+    done = carry_cli("--tree", str(older_tree), "--db", url, "--remeasure", "3", "--plan")
     assert done.returncode == 0, done.stderr
     assert "1 trials carried" in done.stdout and "1 dropped" in done.stdout
     assert "would time 1 kernels (1 distinct) of 1 problems; nothing was written" in done.stdout
