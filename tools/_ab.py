@@ -31,6 +31,9 @@ def add_variant_args(parser: argparse.ArgumentParser, nvcc_help: str) -> None:
     """The options both A/B tools take: the kernels, the problem size, the output folder
     and the host-only nvcc mode (with SASS counts where cuobjdump is found)."""
     parser.add_argument("--configs", default="", help="kernel names (default: the core's best)")
+    parser.add_argument("--winners", type=int, default=0, metavar="N",
+                        help="instead: the N most frequent tuned winners of each pattern "
+                             "and layout in the shipped tuned_db/")
     parser.add_argument("--size", type=int, default=4096)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--cuobjdump", default=shutil.which("cuobjdump"),
@@ -38,11 +41,29 @@ def add_variant_args(parser: argparse.ArgumentParser, nvcc_help: str) -> None:
     parser.add_argument("--nvcc-only", action="store_true", help=nvcc_help)
 
 
-def configs_of(names: str, arch: Arch) -> list[KernelConfig]:
-    """The comma-separated kernel names, or by default the core benchmark's best kernels."""
+def configs_of(names: str, arch: Arch, winners: int = 0) -> list[KernelConfig]:
+    """The comma-separated kernel names, the ``winners`` most frequent tuned winners of
+    each pattern and layout, or by default the core benchmark's best kernels."""
     if names:
         return [KernelConfig.from_name(n) for n in names.split(",")]
+    if winners:
+        return [KernelConfig.from_name(n) for n in frequent_winners(winners)]
     return [core_config(Problem(n, m, 32, layout, arch)) for n, m, layout in CORE_BEST]
+
+
+def frequent_winners(count: int) -> list[str]:
+    """The ``count`` kernels that win most problems of each (pattern, layout) in the
+    shipped database (ties by name), in that order: an A/B on what users run."""
+    from collections import Counter
+
+    from nmgen.db import connect, shipped_db, summary
+
+    wins: dict[tuple, Counter] = {}
+    for row in summary(connect(f"sqlite:///{shipped_db()}")):
+        if row["best"]:
+            wins.setdefault((row["pattern"], row["a_layout"]), Counter())[row["best"]] += 1
+    return [name for family in sorted(wins)
+            for name, _ in sorted(wins[family].items(), key=lambda kv: (-kv[1], kv[0]))[:count]]
 
 
 def _compile(code: str) -> None:

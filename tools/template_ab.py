@@ -61,7 +61,7 @@ def main() -> None:
         return out
 
     if args.nvcc_only:
-        configs = configs_of(args.configs, Arch.SM90)
+        configs = configs_of(args.configs, Arch.SM90, args.winners)
         nvcc_table([(c.name, label, source)
                     for c, per_config in zip(configs, sources_of(configs), strict=True)
                     for label, source in per_config.items()], args.cuobjdump)
@@ -75,7 +75,7 @@ def main() -> None:
     from nmgen.gpu.timing import time_in_turns
     from nmgen.results import RTOL
 
-    configs = configs_of(args.configs, device_info().arch)
+    configs = configs_of(args.configs, device_info().arch, args.winners)
     sources = sources_of(configs)
     precompile([s for per_config in sources for s in per_config.values()])
     size = args.size

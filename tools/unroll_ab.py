@@ -36,11 +36,12 @@ def with_unroll(source: KernelSource, unroll: int) -> KernelSource:
     return KernelSource(source.config, code)
 
 
-def variants_of(arch: Arch, unrolls: list[int], names: str = "") -> list[tuple]:
+def variants_of(arch: Arch, unrolls: list[int], names: str = "", winners: int = 0
+                ) -> list[tuple]:
     """(configuration, row unroll, source) for the named kernels, by default the core's
     best (unroll 0: full)."""
-    return [(c, u or c.ws, with_unroll(render(c), u or c.ws)) for c in configs_of(names, arch)
-            for u in unrolls]
+    return [(c, u or c.ws, with_unroll(render(c), u or c.ws))
+            for c in configs_of(names, arch, winners) for u in unrolls]
 
 
 def main() -> None:
@@ -51,7 +52,7 @@ def main() -> None:
     unrolls = [int(u) for u in args.unrolls.split(",")]
     if args.nvcc_only:
         nvcc_table([(c.name, f"unroll {u}", src)
-                    for c, u, src in variants_of(Arch.SM90, unrolls, args.configs)],
+                    for c, u, src in variants_of(Arch.SM90, unrolls, args.configs, args.winners)],
                    args.cuobjdump)
         return
 
@@ -63,7 +64,7 @@ def main() -> None:
     from nmgen.gpu.timing import time_ms
     from nmgen.results import RTOL
 
-    variants = variants_of(device_info().arch, unrolls, args.configs)
+    variants = variants_of(device_info().arch, unrolls, args.configs, args.winners)
     precompile([v[2] for v in variants])
     s = args.size
     a = cp.random.standard_normal((s, s), dtype=cp.float32)
