@@ -158,13 +158,25 @@ def _carry(args: argparse.Namespace) -> int:
         report = carry(engine, root, top=args.remeasure)
         print(report, flush=True)
         if args.plan:
-            kernels = [c for configs in report.remeasure.values() for c in configs]
-            print(f"--remeasure {args.remeasure} would time {len(kernels)} kernels "
-                  f"({len({c.name for c in kernels})} distinct) of {len(report.remeasure)} "
-                  "problems; nothing was written")
+            _print_plan(report, args.remeasure)
         elif report.remeasure:
             _remeasure(engine, report.remeasure, args.dry_run)
     return 0
+
+
+def _print_plan(report, top: int) -> None:
+    """What ``carry --plan`` found: the changed kernels by pattern and the remeasure."""
+    from collections import Counter
+
+    from .config import KernelConfig
+
+    patterns = Counter(f"{c.n}:{c.m}" for c in map(KernelConfig.from_name, report.changed))
+    print("changed kernels by pattern: " + (", ".join(
+        f"{p} {count}" for p, count in sorted(patterns.items())) or "none"))
+    kernels = [c for configs in report.remeasure.values() for c in configs]
+    print(f"--remeasure {top} would time {len(kernels)} kernels "
+          f"({len({c.name for c in kernels})} distinct) of {len(report.remeasure)} "
+          "problems; nothing was written")
 
 
 def _scratch_copy(url: str | None, folder: Path) -> str:
