@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,16 +85,19 @@ class CarryReport:
                 f"({len(self.changed)} kernels whose source changed)")
 
 
-def carry(engine: Engine, old_root: Path, top: int = 0) -> CarryReport:
+def carry(engine: Engine, old_root: Path, top: int = 0,
+          patterns: Collection[tuple[int, int]] | None = None) -> CarryReport:
     """Re-key the records that an older generator (source tree ``old_root``) made and the
     current one would make alike; remove that generator's problems afterwards. With
     ``top``, list each problem's changed kernels among its ``top`` fastest results in
-    ``report.remeasure``. Raises ``ValueError`` where the records were made by a generator
-    other than ``old_root``'s."""
+    ``report.remeasure``. ``patterns`` ((n, m) pairs) limits the carry to those patterns'
+    problems; the others wait for a later carry. Raises ``ValueError`` where the records
+    were made by a generator other than ``old_root``'s."""
     report = CarryReport(template_hash())
     with Session(engine) as session, session.begin():
-        old = list(session.scalars(select(ProblemRow).where(
-            ProblemRow.template_hash != report.generator)))
+        old = [p for p in session.scalars(select(ProblemRow).where(
+            ProblemRow.template_hash != report.generator))
+            if patterns is None or (p.n, p.m) in patterns]
         if not old:
             return report
         params = {row.name: row.params for row in session.scalars(

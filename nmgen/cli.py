@@ -155,7 +155,8 @@ def _carry(args: argparse.Namespace) -> int:
         root = args.tree or tree_of_revision(args.repo, args.from_rev, Path(tmp) / "old")
         url = _scratch_copy(args.db, Path(tmp)) if args.plan else args.db
         engine = connect(url)
-        report = carry(engine, root, top=args.remeasure)
+        patterns = {(p.n, p.m) for p in _patterns(args.pattern)} if args.pattern else None
+        report = carry(engine, root, top=args.remeasure, patterns=patterns)
         print(report, flush=True)
         if args.plan:
             _print_plan(report, args.remeasure)
@@ -358,6 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     carry.add_argument("--remeasure", type=int, default=0, metavar="TOP",
                        help="then time again, on this GPU, the changed kernels among each "
                             "problem's TOP fastest (0: drop them, tune again later)")
+    carry.add_argument("--pattern", help="carry only these patterns' problems (16:32,8:32); "
+                       "a later carry from the same tree takes the rest")
     carry.add_argument("--dry-run", action="store_true",
                        help="--remeasure with the model's estimates (no GPU)")
     carry.add_argument("--plan", action="store_true",

@@ -3,6 +3,7 @@ older generator (a copy of this one whose split-K reduction reads differently)."
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -67,6 +68,25 @@ def test_carry_keeps_unchanged_kernels_and_drops_the_rest(older_tree, tmp_path):
     assert row.config_row.source_hash == nmgen.render(UNSPLIT).sha256
     assert best_per_problem(engine, key(template_hash()))[(256, 4096, 4096)].config == UNSPLIT
     assert carry(engine, older_tree).problems == 0  # nothing left to carry
+
+
+def test_carry_of_some_patterns_leaves_the_rest_for_later(older_tree, tmp_path):
+    """`carry --pattern 8:32` carries that pattern's problems; the 16:32 one keeps its
+    older generator until a later carry from the same tree."""
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    old, _ = render_hashes(older_tree, [])
+    other = dataclasses.replace(key(old), n=16)
+    record_trial(connect(url), key(old), UNSPLIT, old, TrialStatus.OK, time_ms=2.0)
+    record_trial(connect(url), other, UNSPLIT.replace(n=16), old, TrialStatus.OK, time_ms=3.0)
+
+    done = carry_cli("--tree", str(older_tree), "--db", url, "--pattern", "8:32")
+    assert done.returncode == 0, done.stderr
+    assert "1 problems of an older generator: 1 trials carried" in done.stdout
+    assert [r.time_ms for r in trials_of(connect(url), other)] == [3.0]
+    assert [r.time_ms for r in trials_of(connect(url), key(template_hash()))] == [2.0]
+    report = carry(connect(url), older_tree)
+    assert (report.problems, report.carried) == (1, 1)
+    assert trials_of(connect(url), other) == []
 
 
 def test_carry_refuses_records_of_another_generator(older_tree, tmp_path):
