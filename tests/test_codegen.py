@@ -105,3 +105,28 @@ def test_copy_loops_unrolled_whole_where_8_leaves_a_remainder(pattern, ks, trips
     assert (copy_trip_counts(config), copy_unroll(config)) == (trips, unroll)
     code = nmgen.render(config).code
     assert code.count(f"#pragma unroll {unroll}\n        for (int j = 0; j < STEPS; ++j") == 2
+
+
+@pytest.mark.parametrize(("tile", "serpentine"), [
+    ((64, 128, 8, 8), True), ((128, 256, 16, 8), False), ((64, 512, 8, 16), False)])
+def test_serpentine_ffma_order_only_on_8x8_thread_tiles(tile, serpentine):
+    """Odd rows walk their columns backwards on 8x8 thread tiles only (measured faster
+    there, slower on 16x8: codegen.serpentine_ffma). tile: MS, NS, MT, NT."""
+    ms, ns, mt, nt = tile
+    code = nmgen.render(nmgen.KernelConfig(8, 32, 32, ms, ns, 64, mt, nt, a_layout="km")).code
+    assert ("(i & 1) ? NT_GROUP - 1 - jj : jj" in code) is serpentine
+    assert code.count("fmaf(a[i], b[g * NT_GROUP + j]") == 1
+
+
+def test_kernel_source_belongs_to_its_configuration_and_is_read_only():
+    """The launch-plan cache is keyed by the source's hash: a kernel's source is fixed at
+    construction, and a source rendered for another configuration is refused."""
+    from nmgen.gpu.launch import Kernel
+
+    config = nmgen.KernelConfig(8, 32, 32, 64, 128, 64, 8, 8, a_layout="km")
+    other = config.replace(split_k=2)
+    assert Kernel(config).source == nmgen.render(config)
+    with pytest.raises(ValueError, match=other.name):
+        Kernel(config, nmgen.render(other))
+    with pytest.raises(AttributeError):
+        Kernel(config).source = nmgen.render(other)

@@ -209,16 +209,23 @@ class Kernel:
     def __init__(self, config: KernelConfig, source: KernelSource | None = None):
         """``source``: another version of ``config``'s code (the A/B tools time template
         variants under one name); by default the template's."""
+        if source is not None and source.config != config:
+            raise ValueError(f"source of {source.config.name} given for {config.name}")
         self.config = config
-        self.source = render(config) if source is None else source
+        self._source = render(config) if source is None else source
         # Launch plans are cached on the weight, keyed by this, so that two versions of
         # one configuration never share a compiled function.
-        self._source_key = self.source.sha256
+        self._source_key = self._source.sha256
         self._functions: dict[int, tuple[Any, Any]] = {}
         # What passed the checks of A and of out that do not change from call to call
         # (shapes, strides, dtypes, the weight's pattern): the hot path looks them up.
         self._a_checked: dict[tuple, tuple[int, int]] = {}
         self._out_checked: set[tuple] = set()
+
+    @property
+    def source(self) -> KernelSource:
+        """The code this kernel compiles; read-only, as the launch-plan key is its hash."""
+        return self._source
 
     @property
     def name(self) -> str:
