@@ -162,7 +162,63 @@ def _carry(args: argparse.Namespace) -> int:
             _print_plan(report, args.remeasure)
         elif report.remeasure:
             _remeasure(engine, report.remeasure, args.dry_run)
+        if args.remeasure > 0:
+            lacking = {key: core for key, core in _lacking_core(engine, patterns).items()
+                       if core[0] not in report.remeasure.get(key, [])}
+            _time_core(engine, lacking, args.dry_run, args.plan)
     return 0
+
+
+def _core_times(args: argparse.Namespace) -> int:
+    from .db import connect
+
+    patterns = {(p.n, p.m) for p in _patterns(args.pattern)} if args.pattern else None
+    engine = connect(args.db)
+    _time_core(engine, _lacking_core(engine, patterns), args.dry_run, args.plan)
+    return 0
+
+
+def _time_core(engine, lacking: dict, dry_run: bool, plan: bool) -> None:
+    """Time the hand-picked kernel of the problems ``lacking`` it (``plan``: count them)."""
+    verb = "would be timed" if plan else "timed"
+    print(f"hand-picked kernel {verb} on {len(lacking)} problems whose records lack it",
+          flush=True)
+    if lacking and not plan:
+        _remeasure(engine, lacking, dry_run)
+
+
+def _lacking_core(engine, patterns: set[tuple[int, int]] | None) -> dict:
+    """Problems of the current generator whose records hold no result of their hand-picked
+    kernel (``space.core_config``), the reference no tuned shape may fall below: a carry
+    drops it where the generator changed it and it was not among a problem's fastest."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from .config import Arch
+    from .db import ConfigRow, ProblemKey, ProblemRow, TrialRow
+    from .dispatch import template_hash
+    from .space import Problem, core_config
+
+    lacking = {}
+    with Session(engine) as session:
+        held = {(pid, name) for pid, name in session.execute(
+            select(TrialRow.problem_id, ConfigRow.name).join(TrialRow.config_row))}
+        for row in session.scalars(select(ProblemRow).where(
+                ProblemRow.template_hash == template_hash())):
+            if patterns is not None and (row.n, row.m) not in patterns:
+                continue
+            core = core_config(Problem(row.n, row.m, row.vec, ALayout(row.a_layout),
+                                       Arch(row.gpu.arch)))
+            if core is None or (row.id, core.name) in held:
+                continue
+            gpu = row.gpu
+            key = ProblemKey(gpu=gpu.name, device_name=gpu.device_name, arch=gpu.arch,
+                             cuda_version=gpu.cuda_version, sms=gpu.sms,
+                             template_hash=row.template_hash, n=row.n, m=row.m, vec=row.vec,
+                             dtype=row.dtype, a_layout=row.a_layout, rows=row.rows,
+                             cols=row.cols, depth=row.depth)
+            lacking[key] = [core]
+    return lacking
 
 
 def _print_plan(report, top: int) -> None:
@@ -367,6 +423,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="say what would be carried, dropped and remeasured, on a copy "
                             "of the SQLite database (nothing written)")
     carry.set_defaults(run=_carry)
+
+    core = sub.add_parser("core-times", help="time the hand-picked kernel on every tuned "
+                          "problem whose records lack it (carry --remeasure does this too)")
+    core.add_argument("--db", help="SQLAlchemy URL of the tuned database")
+    core.add_argument("--pattern", help="only these patterns' problems (16:32,8:32)")
+    core.add_argument("--dry-run", action="store_true", help="the model's estimates (no GPU)")
+    core.add_argument("--plan", action="store_true", help="only count the problems")
+    core.set_defaults(run=_core_times)
 
     export = sub.add_parser("export", help="write generated .cu files for inspection")
     export.add_argument("--config", action="append",

@@ -15,10 +15,12 @@ import nmgen
 from nmgen.carry import carry, render_hashes
 from nmgen.db import ProblemKey, TrialStatus, best_per_problem, connect, record_trial, trials_of
 from nmgen.dispatch import template_hash
+from nmgen.space import Problem, core_config
 
 ROOT = Path(__file__).resolve().parent.parent
 UNSPLIT = nmgen.KernelConfig(8, 32, 32, 64, 128, 64, 8, 8, a_layout="km")
 SPLIT = UNSPLIT.replace(split_k=2)
+CORE_8_32_KM = core_config(Problem(8, 32, 32, nmgen.ALayout.K_MAJOR))
 
 
 def carry_cli(*args: str) -> subprocess.CompletedProcess:
@@ -153,8 +155,37 @@ def test_carry_remeasure_from_the_command_line(older_tree, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "0 trials carried" in done.stdout and "1 dropped" in done.stdout
     assert "[1/1] nmgen_h100_8:32_l32_f32_km_256x4096x4096: 1 remeasured, best" in done.stdout
-    (row,) = trials_of(connect(url), model_key(template_hash()))
-    assert row.config_row.name == SPLIT.name and row.status == TrialStatus.MODEL
+    # the carry left the problem without its hand-picked kernel: that is timed too
+    assert "hand-picked kernel timed on 1 problems whose records lack it" in done.stdout
+    rows = {r.config_row.name: r.status
+            for r in trials_of(connect(url), model_key(template_hash()))}
+    assert rows == {SPLIT.name: TrialStatus.MODEL, CORE_8_32_KM.name: TrialStatus.MODEL}
+
+
+def test_core_times_fills_in_the_hand_picked_kernel(tmp_path):
+    """`nmgen core-times` times the hand-picked kernel where a problem's records lack it,
+    once: a second run finds nothing to do; --plan only counts."""
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    generator = template_hash()
+    record_trial(connect(url), model_key(generator), UNSPLIT, generator, TrialStatus.MODEL,
+                 time_ms=1.0)
+    record_trial(connect(url), model_key(generator, rows=512), CORE_8_32_KM, generator,
+                 TrialStatus.MODEL, time_ms=2.0)
+
+    def core_times(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "nmgen.cli", "core-times", "--db", url,
+                               *args], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "would be timed on 1 problems" in core_times("--plan")
+    assert len(trials_of(connect(url), model_key(generator))) == 1
+    assert "would be timed on 0 problems" in core_times("--plan", "--pattern", "16:32")
+    out = core_times("--dry-run")
+    assert "timed on 1 problems" in out and "[1/1] nmgen_h100_8:32_l32_f32_km_256x" in out
+    names = {r.config_row.name for r in trials_of(connect(url), model_key(generator))}
+    assert names == {UNSPLIT.name, CORE_8_32_KM.name}
+    assert "timed on 0 problems" in core_times("--dry-run")
 
 
 @pytest.mark.gpu
@@ -182,11 +213,14 @@ def test_carry_remeasure_on_the_gpu(older_tree, tmp_path):
     done = carry_cli("--tree", str(older_tree), "--db", url, "--remeasure", "2")
     assert done.returncode == 0, done.stderr
     assert "1 remeasured" in done.stdout
+    assert "hand-picked kernel timed on 1 problems" in done.stdout
     rows = {r.config_row.name: r for r in trials_of(connect(url), gpu_key(template_hash()))}
-    assert set(rows) == {UNSPLIT.name, SPLIT.name}
-    assert rows[SPLIT.name].status == TrialStatus.OK, rows[SPLIT.name].error
+    assert set(rows) == {UNSPLIT.name, SPLIT.name, CORE_8_32_KM.name}
+    for name in (SPLIT.name, CORE_8_32_KM.name):
+        assert rows[name].status == TrialStatus.OK, rows[name].error
+        assert 0 < rows[name].time_ms < 10
     assert rows[SPLIT.name].config_row.source_hash == nmgen.render(SPLIT).sha256
-    assert 0 < rows[SPLIT.name].time_ms < 10 and 0 < rows[UNSPLIT.name].time_ms < 10
+    assert 0 < rows[UNSPLIT.name].time_ms < 10
     winner = best_per_problem(connect(url), gpu_key(template_hash()))[(100, 512, 1024)]
     assert winner.config.name in rows
 
