@@ -1,0 +1,102 @@
+"""Would row-major A cost less run in M chunks? A prototype made of shipped parts.
+
+A `tx` kernel copies row-major A K-major (one pass through DRAM: read A, write the copy)
+and runs the K-major kernel on the copy. At 4096 x 4096 that copy is 44-46 us, 11 % of the
+4:32 kernel (results/core_h100). Called on M chunks of A instead, each call's copy is small
+enough to stay in L2 for the main kernel that reads it right after (the workspace comes
+back from CuPy's pool), so the copy's DRAM write and the main kernel's DRAM read of it may
+mostly vanish; the price is a launch pair a chunk and a smaller grid.
+
+Times, in turns in one process, each checked against float64 first:
+  km       the K-major kernel on A already K-major (the bound),
+  tx       the row-major kernel on all of A (shipped),
+  tx/C     the same kernel called on chunks of C rows of A and C rows of the output.
+
+    python tools/chunked_tx_ab.py --pattern 4:32,8:32 --shape 4096,4096,4096 \
+        --chunks 512,1024,2048 --out results/chunked_tx_h100.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from nmgen.config import ALayout  # noqa: E402
+from nmgen.format import Pattern  # noqa: E402
+from nmgen.gpu import measure  # noqa: E402
+from nmgen.gpu.bench import dense_float64, random_weight  # noqa: E402
+from nmgen.gpu.launch import Kernel, _cupy, device_info  # noqa: E402
+from nmgen.gpu.timing import time_in_turns  # noqa: E402
+from nmgen.space import Problem, core_config  # noqa: E402
+
+RTOL = 1e-5
+
+
+def variants(pattern: Pattern, a, b, out, chunks: list[int]) -> dict:
+    """name -> call(i) of every version timed; all write ``out``."""
+    cp = _cupy()
+    arch = device_info().arch
+    km = Kernel(core_config(Problem(pattern.n, pattern.m, 32, ALayout.K_MAJOR, arch)))
+    tx = Kernel(core_config(Problem(pattern.n, pattern.m, 32, ALayout.ROW_MAJOR, arch)))
+    a_km = cp.ascontiguousarray(a.T).T  # the same values, K-major
+    rows = a.shape[0]
+
+    def chunked(size: int):
+        def call(i: int) -> None:
+            for r0 in range(0, rows, size):
+                tx(a[r0:r0 + size], b, out=out[r0:r0 + size])
+        return call
+
+    fns = {f"km {km.name}": lambda i: km(a_km, b, out=out),
+           f"tx {tx.name}": lambda i: tx(a, b, out=out)}
+    fns.update({f"tx/{size}": chunked(size) for size in chunks if size < rows})
+    return fns
+
+
+def one(pattern: Pattern, shape: tuple[int, int, int], chunks: list[int], rounds: int,
+        lines: list[str]) -> None:
+    cp = _cupy()
+    rows, cols, depth = shape
+    a = cp.random.standard_normal((rows, depth), dtype=cp.float32)
+    b = random_weight(pattern.n, pattern.m, 32, depth, cols)
+    out = cp.full((rows, cols), cp.nan, cp.float32)
+    ref = a.astype(cp.float64) @ dense_float64(b)
+    fns = variants(pattern, a, b, out, chunks)
+    for name, fn in fns.items():
+        err = measure.poisoned_error(lambda fn=fn: fn(0), out, ref)
+        if not err < RTOL:
+            raise RuntimeError(f"{name} is wrong on {rows}x{cols}x{depth}: {err:.3g}")
+    del ref
+    times = time_in_turns(fns, rounds=rounds, repeat=10)
+    bound = next(t for name, t in times.items() if name.startswith("km "))
+    for name, t in times.items():
+        lines.append(f"| {pattern.n}:{pattern.m} | {rows}x{cols}x{depth} | {name} | "
+                     f"{t:.4f} | {t / bound:.3f} |")
+        print(lines[-1], flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pattern", default="4:32,8:32")
+    parser.add_argument("--shape", action="append",
+                        type=lambda s: tuple(int(x) for x in s.split(",")),
+                        help="M,N,K (repeat the option for more)")
+    parser.add_argument("--chunks", default="512,1024,2048")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    chunks = [int(c) for c in args.chunks.split(",")]
+    lines = [f"# Row-major A in M chunks ({device_info().name})", "",
+             "| pattern | M x N x K | version | ms | over km |", "| --- | --- | --- | --- | --- |"]
+    for shape in args.shape or [(4096, 4096, 4096)]:
+        for text in args.pattern.split(","):
+            one(Pattern.parse(text), shape, chunks, args.rounds, lines)
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
