@@ -236,5 +236,6 @@ def test_carry_plan_writes_nothing(older_tree, tmp_path):
     assert "1 trials carried" in done.stdout and "1 dropped" in done.stdout
     assert "changed kernels by pattern: 8:32 1" in done.stdout
     assert "would time 1 kernels (1 distinct) of 1 problems; nothing was written" in done.stdout
+    assert "hand-picked kernel would be timed on 1 problems whose records lack it" in done.stdout
     assert len(trials_of(connect(url), key(old))) == 2  # the database as it was
     assert trials_of(connect(url), key(template_hash())) == []
