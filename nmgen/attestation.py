@@ -15,7 +15,7 @@ RECORD = ROOT / "tests" / "gpu_attestation.json"
 HOST_ONLY = frozenset({"nmgen/cli.py", "nmgen/export.py", "nmgen/attestation.py",
                        "nmgen/space.py", "nmgen/report.py", "nmgen/studies.py",
                        "nmgen/results.py", "nmgen/plots.py", "nmgen/replay.py",
-                       "nmgen/workers.py"})
+                       "nmgen/workers.py", "nmgen/refine.py"})
 
 
 def kernel_side_files(root: Path = ROOT) -> list[Path]:

@@ -156,13 +156,7 @@ def _list_changed_finalists(session: Session, problem: ProblemRow, same: dict, t
     changed = [KernelConfig.from_dict(params) for _, name, params in good[:top]
                if name not in same]
     if changed:
-        gpu = problem.gpu
-        key = ProblemKey(gpu=gpu.name, device_name=gpu.device_name, arch=gpu.arch,
-                         cuda_version=gpu.cuda_version, sms=gpu.sms,
-                         template_hash=report.generator, n=problem.n, m=problem.m,
-                         vec=problem.vec, dtype=problem.dtype, a_layout=problem.a_layout,
-                         rows=problem.rows, cols=problem.cols, depth=problem.depth)
-        report.remeasure[key] = changed
+        report.remeasure[ProblemKey.of_row(problem, report.generator)] = changed
 
 
 def _drop(session: Session, problem_ids: list[int]) -> None:

@@ -178,6 +178,29 @@ def _core_times(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stream_k(args: argparse.Namespace) -> int:
+    from .db import connect
+    from .refine import stream_k_candidates
+
+    patterns = {(p.n, p.m) for p in _patterns(args.pattern)} if args.pattern else None
+    engine = connect(args.db)
+    twins = stream_k_candidates(engine, patterns, top=args.top, min_gain=args.min_gain)
+    kernels = {c.name for configs in twins.values() for c in configs}
+    verb = "would be timed" if args.plan else "timed"
+    print(f"stream-K twins {verb} on {len(twins)} problems ({len(kernels)} distinct kernels)",
+          flush=True)
+    if twins and not args.plan:
+        if not args.dry_run:  # compile them all at once, not one a problem
+            from .config import KernelConfig
+            from .gpu.timing import precompile
+
+            for error in precompile([KernelConfig.from_name(n) for n in sorted(kernels)],
+                                    workers=args.workers):
+                print(f"compile error: {error}", file=sys.stderr, flush=True)
+        _remeasure(engine, twins, args.dry_run)
+    return 0
+
+
 def _time_core(engine, lacking: dict, dry_run: bool, plan: bool) -> None:
     """Time the hand-picked kernel of the problems ``lacking`` it (``plan``: count them)."""
     verb = "would be timed" if plan else "timed"
@@ -211,13 +234,7 @@ def _lacking_core(engine, patterns: set[tuple[int, int]] | None) -> dict:
                                        Arch(row.gpu.arch)))
             if core is None or (row.id, core.name) in held:
                 continue
-            gpu = row.gpu
-            key = ProblemKey(gpu=gpu.name, device_name=gpu.device_name, arch=gpu.arch,
-                             cuda_version=gpu.cuda_version, sms=gpu.sms,
-                             template_hash=row.template_hash, n=row.n, m=row.m, vec=row.vec,
-                             dtype=row.dtype, a_layout=row.a_layout, rows=row.rows,
-                             cols=row.cols, depth=row.depth)
-            lacking[key] = [core]
+            lacking[ProblemKey.of_row(row)] = [core]
     return lacking
 
 
@@ -431,6 +448,19 @@ def build_parser() -> argparse.ArgumentParser:
     core.add_argument("--dry-run", action="store_true", help="the model's estimates (no GPU)")
     core.add_argument("--plan", action="store_true", help="only count the problems")
     core.set_defaults(run=_core_times)
+
+    stream = sub.add_parser("stream-k", help="time the stream-K twins of tuned problems' "
+                            "fastest kernels where the model expects them faster")
+    stream.add_argument("--db", help="SQLAlchemy URL of the tuned database")
+    stream.add_argument("--pattern", help="only these patterns' problems (16:32,8:32)")
+    stream.add_argument("--top", type=int, default=1,
+                        help="twins of each problem's TOP fastest kernels (default 1)")
+    stream.add_argument("--min-gain", type=float, default=0.05,
+                        help="the model's expected gain a twin needs (default 0.05)")
+    stream.add_argument("--workers", type=int, default=16, help="compile processes")
+    stream.add_argument("--dry-run", action="store_true", help="the model's estimates (no GPU)")
+    stream.add_argument("--plan", action="store_true", help="only count the problems")
+    stream.set_defaults(run=_stream_k)
 
     export = sub.add_parser("export", help="write generated .cu files for inspection")
     export.add_argument("--config", action="append",

@@ -59,11 +59,12 @@ MAX_THREADS = 1024
 MAX_REGISTERS = 255
 MAX_STAGES = 3
 MAX_SLICES = 8
+STREAM_K_REGISTER_MARGIN = 24
 REGISTERS_PER_SM = 65536
 
 
 # Parameters that came after the first tuned kernels, with the default that reproduces them.
-LATER_PARAMETERS: dict[str, Any] = {"slice_k": 1}
+LATER_PARAMETERS: dict[str, Any] = {"slice_k": 1, "stream_k": False}
 
 
 class ConfigError(ValueError):
@@ -86,6 +87,7 @@ class KernelConfig:
     stages: int = 2
     split_k: int = 1
     slice_k: int = 1  # warp groups of a block that split each stage's rows (sliced K)
+    stream_k: bool = False  # a persistent grid shares the last waves' stages out evenly
     a_layout: ALayout = ALayout.ROW_MAJOR
     a_tile: ATile = ATile.K_MAJOR
     arch: Arch = Arch.SM90
@@ -102,6 +104,7 @@ class KernelConfig:
                     allowed = ", ".join(e.value for e in enum)
                     raise ConfigError(f"{name}={value!r}: expected one of {allowed}") from None
         object.__setattr__(self, "packing", bool(self.packing))
+        object.__setattr__(self, "stream_k", bool(self.stream_k))
         for rule, ok in self._rules():
             if not ok:
                 raise ConfigError(f"{self.name}: violates rule '{rule}'")
@@ -267,6 +270,7 @@ class KernelConfig:
         # below (a 4x4 tile spilled at 80).
         split += 8 if self.slice_k > 1 and self.mt * self.nt < 64 else 0
         staged = 4 * self.phase_slots + 8 if self.staged else 0  # A chunks in flight
+        split += 8 if self.stream_k else 0  # the persistent loop's state
         extra = packing_table + single_stage + split + self._landing_registers + staged
         return max(self.mt * self.nt + fragments + 48 + extra, 80)
 
@@ -301,10 +305,15 @@ class KernelConfig:
     @functools.cached_property
     def smem_bytes(self) -> int:
         """Dynamic shared memory per block: the pipeline's buffers, which the slices'
-        reduction reuses once the main loop is done."""
+        reduction reuses once the main loop is done (and stream-K's state)."""
         pipeline = (self.stages * sum(self.stage_words) + self.landing_tiles * self.landing_words
                     + self.compute_tiles * self.a_words)
-        return 4 * max(pipeline, self.reduce_words)
+        return 4 * max(pipeline, self.reduce_words) + self.stream_state_bytes
+
+    @property
+    def stream_state_bytes(self) -> int:
+        """Shared memory past the pipeline where a stream-K block keeps its walk's state."""
+        return 16 if self.stream_k else 0
 
     def _rules(self) -> Iterator[tuple[str, bool]]:
         """(rule, holds) pairs, cheap ones first; lazily, so that a configuration is
@@ -340,8 +349,21 @@ class KernelConfig:
                not self.staged or (self.swizzle and self.a_slots <= 16))
         yield ("sliced K (slice_k > 1) not with the staged A tile (tr)",
                self.slice_k == 1 or not self.staged)
+        yield ("stream-K (stream_k) not with split-K or sliced K (split_k = slice_k = 1)",
+               not self.stream_k or (self.split_k == 1 and self.slice_k == 1))
+        # Row-major A tiles built in the kernel (tm, tr, landing tk) already need more
+        # registers; with the persistent loop some spilled (36 bytes to a kilobyte). The
+        # 101 stream-K winners of the tuned database are all K-major or copied A.
+        yield ("stream-K (stream_k) only where the kernel reads K-major A (km, or rm_tx)",
+               not self.stream_k or self.kernel_a_layout is ALayout.K_MAJOR)
         yield (f"registers (~{self.registers_estimate}) <= {MAX_REGISTERS}",
                self.registers_estimate <= MAX_REGISTERS)
+        # The persistent loop needs registers beyond the estimate's 8 where the tile fills
+        # the register file, more with more column groups a thread (16x8 and 8x16 tiles of
+        # two groups spilled 24-32 bytes at 255): stream-K keeps this margin below the cap.
+        margin = STREAM_K_REGISTER_MARGIN * self.thread_groups
+        yield (f"stream-K registers (~{self.registers_estimate} + {margin}) <= {MAX_REGISTERS}",
+               not self.stream_k or self.registers_estimate + margin <= MAX_REGISTERS)
         yield (f"threads * registers ({self.threads} * ~{self.registers_estimate}) <= "
                f"{REGISTERS_PER_SM} per SM", self.threads * self.registers_estimate
                <= REGISTERS_PER_SM)
@@ -355,14 +377,16 @@ class KernelConfig:
         """Canonical name stating every parameter, CUTLASS style.
 
         e.g. ``nm_spmm_f32_n8m32l32_ms128ns128ks32_mt8nt8_w8x4_pack_s2_k1_rm_sm90``; a
-        sliced-K kernel adds ``_sk{slice_k}`` after the split (``..._s2_k1_sk4_km_sm90``).
+        sliced-K kernel adds ``_sk{slice_k}`` after the split (``..._s2_k1_sk4_km_sm90``), a
+        stream-K kernel ``_streamk`` (``..._s2_k1_streamk_km_sm90``).
         """
         pack = "pack" if self.packing else "nopack"
         return (
             f"nm_spmm_{self.family.value}_n{self.n}m{self.m}l{self.vec}"
             f"_ms{self.ms}ns{self.ns}ks{self.ks}_mt{self.mt}nt{self.nt}"
             f"_w{self.warp_m}x{self.warp_n}_{pack}_s{self.stages}_k{self.split_k}"
-            f"{self._slice_suffix}_{self.a_layout.value}{self._tile_suffix}"
+            f"{self._slice_suffix}{'_streamk' if self.stream_k else ''}"
+            f"_{self.a_layout.value}{self._tile_suffix}"
             f"_{self.arch.value.replace('_', '')}"
         )
 
@@ -381,10 +405,12 @@ class KernelConfig:
             raise ConfigError(f"{name!r} is not a kernel name (e.g. {_EXAMPLE_NAME})")
         g = match.groupdict()
         ints = {k: int(v) for k, v in g.items()
-                if k not in ("family", "pack", "layout", "tile", "arch") and v is not None}
+                if k not in ("family", "pack", "streamk", "layout", "tile", "arch")
+                and v is not None}
         return cls(
             **ints,
             packing=g["pack"] == "pack",
+            stream_k=g["streamk"] is not None,
             a_layout=ALayout(g["layout"]),
             a_tile=ATile(g["tile"] or ATile.K_MAJOR.value),
             arch=Arch(f"sm_{g['arch']}"),
@@ -430,6 +456,6 @@ _NAME_RE = re.compile(
     r"^nm_spmm_(?P<family>[a-z0-9]+)_n(?P<n>\d+)m(?P<m>\d+)l(?P<vec>\d+)"
     r"_ms(?P<ms>\d+)ns(?P<ns>\d+)ks(?P<ks>\d+)_mt(?P<mt>\d+)nt(?P<nt>\d+)"
     r"_w(?P<warp_m>\d+)x(?P<warp_n>\d+)_(?P<pack>pack|nopack)_s(?P<stages>\d+)"
-    r"_k(?P<split_k>\d+)(?:_sk(?P<slice_k>\d+))?_(?P<layout>rm|km)(?:_(?P<tile>tk|tm|tr|tx))?_sm(?P<arch>\d+)$"
+    r"_k(?P<split_k>\d+)(?:_sk(?P<slice_k>\d+))?(?P<streamk>_streamk)?_(?P<layout>rm|km)(?:_(?P<tile>tk|tm|tr|tx))?_sm(?P<arch>\d+)$"
 )
 _EXAMPLE_NAME = "nm_spmm_f32_n8m32l32_ms128ns128ks32_mt8nt8_w8x4_pack_s2_k1_rm_sm90"

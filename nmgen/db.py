@@ -164,6 +164,16 @@ class ProblemKey:
     cols: int
     depth: int
 
+    @classmethod
+    def of_row(cls, row: ProblemRow, template_hash: str | None = None) -> ProblemKey:
+        """The key of a stored problem (under another generator's hash if given)."""
+        gpu = row.gpu
+        return cls(gpu=gpu.name, device_name=gpu.device_name, arch=gpu.arch,
+                   cuda_version=gpu.cuda_version, sms=gpu.sms,
+                   template_hash=template_hash or row.template_hash, n=row.n, m=row.m,
+                   vec=row.vec, dtype=row.dtype, a_layout=row.a_layout, rows=row.rows,
+                   cols=row.cols, depth=row.depth)
+
     def same_family(self) -> tuple:
         """All but the shape: records a nearest-shape lookup may borrow from."""
         return (self.gpu, self.arch, self.cuda_version, self.template_hash, self.n, self.m,

@@ -37,6 +37,13 @@ STAGE_OVERHEAD_CYCLES = 1200
 # Sliced K: after the main loop each slice but one passes the tile through shared memory
 # behind a barrier, taken to cost about a stage's fixed overhead (not yet calibrated).
 SLICE_REDUCE_CYCLES = STAGE_OVERHEAD_CYCLES
+# Stream-K: a block's pieces that start or end inside a tile cost a pipeline fill each and
+# the partial sum's trip through L2 (store, flag, load): taken as a few stages' overhead
+# (not yet calibrated).
+STREAM_K_FIXUP_CYCLES = 4 * STAGE_OVERHEAD_CYCLES
+# ... and its kernel runs a tile 2-7 % slower than the data-parallel one of the same tiles,
+# even one block a tile (results/stream_k_h100/: 4224x4096x4096 on 128x256 tiles, H100).
+STREAM_K_FACTOR = 0.95
 # A single-stage block alone on its SM waits for every stage's copy with nothing to overlap
 # it. Fitted on the sliced-K A/B of results/slice_ab_h100 (H100, K-major, M <= 1024): with
 # this many cycles a stage the model orders 252 of its 401 kernel pairs as measured (187
@@ -257,6 +264,7 @@ def _fixed(config: KernelConfig, gpu: GpuSpec) -> _Fixed:
     occupancy_eff = min(1.0, 0.75 + warps / 32)
     issue = issue_efficiency(config)
     stalls = STALL_FACTOR * (IN_KERNEL_TRANSPOSE_FACTOR if config.transposed else 1.0)
+    stalls *= STREAM_K_FACTOR if config.stream_k else 1.0
     return _Fixed(feasible(config, gpu), per_sm, issue * occupancy_eff * stalls, issue,
                   _a_rows_fraction(config), block_intensity(config))
 
@@ -271,6 +279,7 @@ def estimate(config: KernelConfig, gpu: GpuSpec, m_rows: int, n_cols: int, k: in
     waves = blocks / (gpu.sms * per_sm)
     wave_eff = waves / math.ceil(waves)
     k_pad = math.ceil(k / config.ks) * config.ks
+    stages = k_pad / config.ks / config.split_k
     w_rows = k_pad * config.n // config.m
     flops = 2.0 * row_blocks * config.ms * col_blocks * config.ns * w_rows
     compute_ms = flops / (gpu.peak_fp32_tflops * 1e12 * fixed.efficiency) * 1e3
@@ -282,11 +291,17 @@ def estimate(config: KernelConfig, gpu: GpuSpec, m_rows: int, n_cols: int, k: in
     a_copy_eff = 0.25 if config.kernel_a_layout is ALayout.ROW_MAJOR and config.packing else 1.0
     through_l2 = a_bytes * col_blocks / a_copy_eff + b_bytes * row_blocks + c_bytes
     memory_ms = max(compulsory / (gpu.dram_gbs * 1e9), through_l2 / (gpu.l2_gbs * 1e9)) * 1e3
-    stages = k_pad / config.ks / config.split_k
     exposed = EXPOSED_COPY_CYCLES if config.stages == 1 and per_sm == 1 else 0
-    overhead_cycles = (stages * (STAGE_OVERHEAD_CYCLES + exposed)
-                       + (config.slice_k - 1) * SLICE_REDUCE_CYCLES)
-    overhead_ms = math.ceil(waves) * overhead_cycles / (CLOCK_GHZ * 1e6)
+    stage_cycles = STAGE_OVERHEAD_CYCLES + exposed
+    if config.stream_k:  # every block gets the same share of all tiles' stages
+        block_stages = math.ceil(waves * stages)
+        wave_eff = waves * stages / block_stages
+        fixup = STREAM_K_FIXUP_CYCLES if block_stages % stages else 0
+        overhead_cycles = block_stages * stage_cycles + fixup
+    else:
+        overhead_cycles = math.ceil(waves) * (stages * stage_cycles
+                                              + (config.slice_k - 1) * SLICE_REDUCE_CYCLES)
+    overhead_ms = overhead_cycles / (CLOCK_GHZ * 1e6)
     time_ms = max(compute_ms, memory_ms) / wave_eff + overhead_ms + _copy_a_ms(config, gpu,
                                                                                 m_rows, k)
     return Estimate(time_ms, compute_ms, memory_ms, fixed.intensity, blocks, per_sm,

@@ -27,6 +27,8 @@ WARP_LAYOUTS = ((8, 4), (4, 8), (16, 2), (2, 16), (32, 1), (1, 32))
 KS_WINDOWS = (1, 2, 4, 8)  # KS = m·windows
 STAGE_CHOICES = (1, 2, 3)
 SPLIT_K_CHOICES = (1, 2, 3, 4)
+# The share of random configurations drawn with the stream-K grid (split and slice 1 only).
+STREAM_K_SHARE = 0.25
 SLICE_K_CHOICES = (1, 2, 4)  # sliced K: more warps a block where tiles are few (small M)
 
 
@@ -102,6 +104,7 @@ def random_config(problem: Problem, rng: random.Random, max_tries: int = 10000,
             warp_m=warp_m, warp_n=warp_n, packing=rng.random() < 0.5,
             stages=rng.choice(STAGE_CHOICES), split_k=rng.choice(SPLIT_K_CHOICES),
             slice_k=rng.choice(SLICE_K_CHOICES), a_tile=rng.choice(tile_choices(problem)),
+            stream_k=rng.random() < STREAM_K_SHARE,
         )
         if config is not None and config.threads <= max_threads:
             return config

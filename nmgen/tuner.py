@@ -95,6 +95,7 @@ class SearchSpace:
     stages: tuple[int, ...] = STAGE_CHOICES
     split_k: tuple[int, ...] = SPLIT_K_CHOICES
     slice_k: tuple[int, ...] = SLICE_K_CHOICES
+    stream_k: tuple[bool, ...] = (False, True)
     a_tiles: tuple[str, ...] = tuple(t.value for t in ATile)  # as far as the layout allows
 
     def contains(self, config: KernelConfig) -> bool:
@@ -103,7 +104,8 @@ class SearchSpace:
                 and config.mt in self.mt
                 and config.nt in self.nt and config.packing in self.packing
                 and config.stages in self.stages and config.split_k in self.split_k
-                and config.slice_k in self.slice_k and config.a_tile.value in self.a_tiles)
+                and config.slice_k in self.slice_k and config.stream_k in self.stream_k
+                and config.a_tile.value in self.a_tiles)
 
 
 FULL_SPACE = SearchSpace()
@@ -112,10 +114,10 @@ FULL_SPACE = SearchSpace()
 # benchmark and the tuned database; no packing, no split-K.
 CORE_SPACE = SearchSpace(warps=("8x4", "4x8", "16x2"), ms=(32, 64, 128, 256),
                          ns=(64, 128, 256, 512), packing=(False,), stages=(2, 3),
-                         split_k=(1,), slice_k=(1,))
-# The whole space as it was before sliced K: the exhaustive tables of results/exhaustive_h100
-# (named "full" there) cover this one.
-UNSLICED_SPACE = SearchSpace(slice_k=(1,))
+                         split_k=(1,), slice_k=(1,), stream_k=(False,))
+# The whole space as it was before sliced K and stream-K: the exhaustive tables of
+# results/exhaustive_h100 (named "full" there) cover this one.
+UNSLICED_SPACE = SearchSpace(slice_k=(1,), stream_k=(False,))
 SPACES = {"full": FULL_SPACE, "core": CORE_SPACE, "unsliced": UNSLICED_SPACE}
 
 
@@ -161,7 +163,7 @@ def search_choices(task: TuneTask) -> dict[str, tuple]:
     return {"warp": space.warps, "ms": space.ms, "ns": space.ns,
             "ks_windows": space.ks_windows, "mt": space.mt, "nt": space.nt,
             "packing": space.packing, "stages": space.stages, "split_k": space.split_k,
-            "slice_k": space.slice_k, "a_tile": _tiles(task)}
+            "slice_k": space.slice_k, "stream_k": space.stream_k, "a_tile": _tiles(task)}
 
 
 def suggest_config(trial: optuna.Trial, task: TuneTask) -> KernelConfig | None:
@@ -176,7 +178,8 @@ def params_of(config: KernelConfig) -> dict:
     return {"ms": config.ms, "ns": config.ns, "ks_windows": config.ks // config.m,
             "mt": config.mt, "nt": config.nt, "warp": f"{config.warp_m}x{config.warp_n}",
             "packing": config.packing, "stages": config.stages, "split_k": config.split_k,
-            "slice_k": config.slice_k, "a_tile": config.a_tile.value}
+            "slice_k": config.slice_k, "stream_k": config.stream_k,
+            "a_tile": config.a_tile.value}
 
 
 def _from_params(task: TuneTask, params: dict) -> KernelConfig | None:
@@ -185,7 +188,8 @@ def _from_params(task: TuneTask, params: dict) -> KernelConfig | None:
                       ks=task.m * params["ks_windows"], mt=params["mt"], nt=params["nt"],
                       warp_m=warp_m, warp_n=warp_n, packing=params["packing"],
                       stages=params["stages"], split_k=params["split_k"],
-                      slice_k=params["slice_k"], a_tile=params["a_tile"])
+                      slice_k=params["slice_k"], stream_k=params.get("stream_k", False),
+                      a_tile=params["a_tile"])
 
 
 def _tell(study: optuna.Study, trial: optuna.Trial, value: float, violation: float) -> None:
@@ -217,6 +221,9 @@ def model_seeds(task: TuneTask, count: int) -> tuple[KernelConfig, ...]:
         base = params_of(seeds[0])
         splits = [c for s in task.space.split_k if s > 1
                   if (c := _from_params(task, {**base, "split_k": s})) is not None]
+        # The best seed's stream-K twin where the model expects it faster (partial waves).
+        splits += [c for s in task.space.stream_k if s
+                   if (c := _from_params(task, {**base, "stream_k": True})) is not None]
         best_split = rank(splits, task.gpu, task.rows, task.cols, task.depth)
         if best_split and best_split[0][0] < ranked[0][0]:
             seeds.insert(1, best_split[0][1])

@@ -32,6 +32,17 @@ def test_sliced_k_is_named_and_sized():
     assert sliced.smem_bytes == 4 * 128 * 128 > 4 * 2 * sum(sliced.stage_words)
 
 
+def test_stream_k_is_named_and_sized():
+    streamed = KernelConfig(**BASE, stream_k=True, a_layout="km")
+    assert streamed.name == ("nm_spmm_f32_n8m32l32_ms128ns128ks32_mt8nt8_w8x4_nopack_s2_k1"
+                             "_streamk_km_sm90")
+    assert KernelConfig.from_name(streamed.name) == streamed
+    assert KernelConfig.from_json(streamed.to_json()) == streamed
+    # Its walk's state (four words) lies past the pipeline's buffers.
+    assert streamed.smem_bytes == streamed.replace(stream_k=False).smem_bytes + 16
+    assert "stream_k" not in KernelConfig(**BASE).to_dict()  # older kernels unchanged
+
+
 def test_parameters_added_later_are_left_out_at_their_default():
     """An unsliced kernel states no slice_k: its name, stored parameters and generated
     header are what they were before sliced K existed (its records carry over)."""
@@ -71,6 +82,9 @@ def test_json_and_name_round_trip(seed):
     (dict(ks=32, slice_k=3), "WS % slice_k == 0"),
     (dict(ms=32, ns=32, mt=4, nt=4, ks=512, slice_k=16), "slice_k <= 8"),
     (dict(ms=64, ns=64, ks=64, a_tile="tr", slice_k=2), "not with the staged A tile"),
+    (dict(stream_k=True, split_k=2), "stream-K"),
+    (dict(stream_k=True, slice_k=2), "not with split-K or sliced K"),
+    (dict(stream_k=True, a_tile="tm"), "stream_k) only where the kernel reads K-major A"),
 ])
 def test_violations_name_the_rule(change, rule):
     with pytest.raises(ConfigError, match="rule '.*" + rule.replace("(", r"\(").replace(

@@ -60,6 +60,23 @@ def test_estimate_is_a_roofline():
     assert sparser.compute_ms < large.compute_ms
 
 
+def test_stream_k_fills_the_last_wave():
+    """1024x6656x6656 on 64x128 tiles: 832 tiles are 6.3 waves of 132 SMs; the stream-K
+    grid shares the last one out, and pays a per-tile factor for its kernel."""
+    h100 = GPUS["h100"]
+    tiles = nmgen.KernelConfig(16, 32, 32, 64, 128, 128, 8, 8, stages=1, a_layout="km")
+    shape = (1024, 6656, 6656)
+    dp, sk = estimate(tiles, h100, *shape), estimate(tiles.replace(stream_k=True), h100, *shape)
+    assert dp.wave_efficiency < 0.8 < 0.98 < sk.wave_efficiency <= 1.0
+    assert sk.time_ms < dp.time_ms
+    # Whole waves: nothing to share out, and the stream-K kernel is the slower.
+    whole = (4224, 4096, 4096)
+    big = tiles.replace(ms=128, ns=256, ks=64, mt=16, stages=2)
+    assert estimate(big, h100, *whole).wave_efficiency == 1.0
+    assert estimate(big.replace(stream_k=True), h100, *whole).time_ms > estimate(
+        big, h100, *whole).time_ms
+
+
 def test_copied_a_costs_its_transpose():
     h100 = GPUS["h100"]
     copied = nmgen.KernelConfig(8, 32, 32, 128, 128, 64, 8, 8, a_tile="tx")

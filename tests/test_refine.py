@@ -1,0 +1,70 @@
+"""`nmgen stream-k`: the stream-K twins of tuned problems' fastest kernels, chosen by the
+model and timed beside the finalists, on a real SQLite file (a dry run: the model's
+estimates stand in for the GPU's times)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import nmgen
+from nmgen.db import ProblemKey, TrialStatus, connect, record_trial, trials_of
+from nmgen.dispatch import template_hash
+from nmgen.refine import stream_k_candidates, stream_k_twin
+
+# 1024x6656x6656 on 64x128 tiles is 6.3 waves of 132 SMs; 4224x4096x4096 on 128x256 tiles
+# is 4 whole waves, where stream-K has nothing to share out.
+PARTIAL = nmgen.KernelConfig(16, 32, 32, 64, 128, 128, 8, 8, stages=1, a_layout="km")
+WHOLE = nmgen.KernelConfig(16, 32, 32, 128, 256, 64, 16, 8, a_layout="km")
+
+
+def key(rows: int, cols: int, depth: int) -> ProblemKey:
+    return ProblemKey(gpu="h100", device_name="model:h100", arch="sm_90", cuda_version=0,
+                      sms=132, template_hash=template_hash(), n=16, m=32, vec=32,
+                      dtype="f32", a_layout="km", rows=rows, cols=cols, depth=depth)
+
+
+def test_twin_folds_split_and_slices_back():
+    assert stream_k_twin(PARTIAL.replace(split_k=2)) == PARTIAL.replace(stream_k=True)
+    assert stream_k_twin(PARTIAL.replace(ns=64, slice_k=2)).slice_k == 1
+
+
+def test_candidates_where_the_model_expects_a_gain(tmp_path):
+    engine = connect(f"sqlite:///{tmp_path / 'tuned.db'}")
+    generator = template_hash()
+    record_trial(engine, key(1024, 6656, 6656), PARTIAL, generator, TrialStatus.MODEL, 1.0)
+    record_trial(engine, key(4224, 4096, 4096), WHOLE, generator, TrialStatus.MODEL, 1.0)
+    found = stream_k_candidates(engine)
+    assert found == {key(1024, 6656, 6656): [PARTIAL.replace(stream_k=True)]}
+    assert stream_k_candidates(engine, patterns={(8, 32)}) == {}
+
+
+def test_stream_k_from_the_command_line(tmp_path):
+    """--plan counts, a dry run records the twin, a second run finds nothing to do."""
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    record_trial(connect(url), key(1024, 6656, 6656), PARTIAL, template_hash(),
+                 TrialStatus.MODEL, 1.0)
+
+    def stream_k(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "nmgen.cli", "stream-k", "--db", url,
+                               *args], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "would be timed on 1 problems (1 distinct kernels)" in stream_k("--plan")
+    assert len(trials_of(connect(url), key(1024, 6656, 6656))) == 1
+    out = stream_k("--dry-run")
+    assert "[1/1] nmgen_h100_16:32_l32_f32_km_1024x6656x6656: 1 remeasured" in out
+    rows = {r.config_row.name: r.status for r in trials_of(connect(url), key(1024, 6656, 6656))}
+    assert rows == {PARTIAL.name: TrialStatus.MODEL,
+                    PARTIAL.replace(stream_k=True).name: TrialStatus.MODEL}
+    assert "timed on 0 problems" in stream_k("--dry-run")
+
+
+def test_stream_k_grid_shares_out_the_last_two_waves():
+    from nmgen.gpu.launch import stream_k_grid
+
+    assert stream_k_grid(512, 32, 132) == (132, 264)  # 3.9 waves: 2 whole, the rest shared
+    assert stream_k_grid(528, 32, 132) == (132, 396)  # 4 whole waves: the last is shared
+    assert stream_k_grid(100, 32, 132) == (132, 0)  # under a wave: all shared
+    assert stream_k_grid(2, 3, 132) == (6, 0)  # at most one block a stage
