@@ -166,8 +166,6 @@ def test_stream_k_matches_reference(layout, tile, packing, stages, ms, ns, mt, n
     """The stream-K grid: fewer tiles than blocks (K split over many blocks a tile, some
     with one stage), whole-tile waves followed by shared stages, the M edges; the same
     result bit for bit on a second run (the partial sums meet in a fixed order)."""
-    import cupy as cp
-
     config = nmgen.KernelConfig(8, 32, 32, ms, ns, 64, mt, nt, packing=packing,
                                 stages=stages, stream_k=True, a_layout=layout, a_tile=tile)
     kernel = nmgen.Kernel(config)
