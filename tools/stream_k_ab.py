@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nmgen.codegen import render  # noqa: E402
-from nmgen.config import ALayout, ConfigError, KernelConfig  # noqa: E402
+from nmgen.config import ALayout, KernelConfig  # noqa: E402
 from nmgen.dispatch import default_dispatcher, problem_key  # noqa: E402
 from nmgen.format import Pattern  # noqa: E402
 from nmgen.gpu import launch, measure  # noqa: E402
@@ -28,6 +28,7 @@ from nmgen.gpu.bench import dense_float64, random_weight  # noqa: E402
 from nmgen.gpu.launch import Kernel, _cupy, device_info  # noqa: E402
 from nmgen.gpu.timing import time_in_turns  # noqa: E402
 from nmgen.model import estimate, gpu_of_device_name, gpu_spec  # noqa: E402
+from nmgen.refine import stream_k_twin as twin  # noqa: E402
 from nmgen.space import Problem, core_config  # noqa: E402
 
 RTOL = 1e-5
@@ -48,14 +49,6 @@ def kernel_with(config: KernelConfig, policy: str) -> Kernel:
     a comment apart, so that its plan is not another policy's)."""
     source = render(config)
     return Kernel(config, replace(source, code=source.code + f"// policy{policy}\n"))
-
-
-def twin(config: KernelConfig) -> KernelConfig | None:
-    """``config`` run by the stream-K grid (split-K and sliced K folded back to 1)."""
-    try:
-        return config.replace(stream_k=True, split_k=1, slice_k=1)
-    except ConfigError:
-        return None
 
 
 def one(pattern: Pattern, layout: ALayout, shape: tuple[int, int, int], core: bool,
