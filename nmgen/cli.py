@@ -185,17 +185,15 @@ def _stream_k(args: argparse.Namespace) -> int:
     patterns = {(p.n, p.m) for p in _patterns(args.pattern)} if args.pattern else None
     engine = connect(args.db)
     twins = stream_k_candidates(engine, patterns, top=args.top, min_gain=args.min_gain)
-    kernels = {c.name for configs in twins.values() for c in configs}
+    kernels = {c.name: c for configs in twins.values() for c in configs}
     verb = "would be timed" if args.plan else "timed"
     print(f"stream-K twins {verb} on {len(twins)} problems ({len(kernels)} distinct kernels)",
           flush=True)
     if twins and not args.plan:
         if not args.dry_run:  # compile them all at once, not one a problem
-            from .config import KernelConfig
             from .gpu.timing import precompile
 
-            for error in precompile([KernelConfig.from_name(n) for n in sorted(kernels)],
-                                    workers=args.workers):
+            for error in precompile(list(kernels.values()), workers=args.workers):
                 print(f"compile error: {error}", file=sys.stderr, flush=True)
         _remeasure(engine, twins, args.dry_run)
     return 0

@@ -1,7 +1,7 @@
-"""What the A/B tools (unroll_ab.py, template_ab.py) share. A variant is another source
-of one configuration (same name and launch, other code): compiled on the host with nvcc
-for a table of compile time, registers and SASS, or through NVRTC on the GPU machine
-before it is timed."""
+"""What the A/B tools (unroll_ab.py, template_ab.py, stream_k_ab.py, ...) share. A variant
+is another source of one configuration (same name and launch, other code): compiled on the
+host with nvcc for a table of compile time, registers and SASS, or through NVRTC on the GPU
+machine before it is timed."""
 
 from __future__ import annotations
 
@@ -20,11 +20,27 @@ from _sass import opcode
 
 from nmgen.codegen import KernelSource
 from nmgen.compile import compile_with_nvcc
-from nmgen.config import Arch, KernelConfig
+from nmgen.config import ALayout, Arch, KernelConfig
+from nmgen.format import Pattern
 from nmgen.gpu.launch import NVRTC_OPTIONS
 from nmgen.space import CORE_BEST, Problem, core_config
 
 SASS_LINE = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(\S.*)$")
+
+
+def problem_inputs(pattern: Pattern, layout: ALayout, rows: int, cols: int, depth: int):
+    """(a, b, out, ref) on the GPU: random A in ``layout``, a random L = 32 weight, the
+    output poisoned with NaN, and the float64 product to check against."""
+    import cupy as cp
+
+    from nmgen.gpu.bench import dense_float64, random_weight
+
+    a = cp.random.standard_normal((rows, depth), dtype=cp.float32)
+    if layout is ALayout.K_MAJOR:
+        a = cp.ascontiguousarray(a.T).T
+    b = random_weight(pattern.n, pattern.m, 32, depth, cols)
+    out = cp.full((rows, cols), cp.nan, cp.float32)
+    return a, b, out, a.astype(cp.float64) @ dense_float64(b)
 
 
 def add_variant_args(parser: argparse.ArgumentParser, nvcc_help: str) -> None:

@@ -18,12 +18,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _ab import problem_inputs  # noqa: E402
+
 from nmgen.config import ALayout  # noqa: E402
 from nmgen.dispatch import Dispatcher, problem_key  # noqa: E402
 from nmgen.format import Pattern  # noqa: E402
 from nmgen.gpu import measure  # noqa: E402
-from nmgen.gpu.bench import dense_float64, random_weight  # noqa: E402
-from nmgen.gpu.launch import _cupy  # noqa: E402
 from nmgen.gpu.timing import time_ms  # noqa: E402
 
 
@@ -33,14 +33,8 @@ def parse_problem(text: str) -> tuple[Pattern, ALayout, int, int, int]:
 
 
 def one(dispatcher: Dispatcher, problem, rounds: int, repeat: int) -> None:
-    cp = _cupy()
     p, layout, rows, cols, depth = problem
-    a = cp.random.standard_normal((rows, depth), dtype=cp.float32)
-    if layout is ALayout.K_MAJOR:
-        a = cp.ascontiguousarray(a.T).T
-    b = random_weight(p.n, p.m, 32, depth, cols)
-    out = cp.full((rows, cols), cp.nan, cp.float32)
-    ref = a.astype(cp.float64) @ dense_float64(b)
+    a, b, out, ref = problem_inputs(p, layout, rows, cols, depth)
     config = dispatcher.decide(problem_key(p.n, p.m, 32, layout, rows, cols, depth)).config
     kernel = dispatcher.kernel(config)
     fns = {"dispatch": lambda i: dispatcher(a, b, out=out),

@@ -19,13 +19,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _ab import problem_inputs  # noqa: E402
+
 from nmgen.codegen import render  # noqa: E402
 from nmgen.config import ALayout, KernelConfig  # noqa: E402
 from nmgen.dispatch import default_dispatcher, problem_key  # noqa: E402
 from nmgen.format import Pattern  # noqa: E402
 from nmgen.gpu import launch, measure  # noqa: E402
-from nmgen.gpu.bench import dense_float64, random_weight  # noqa: E402
-from nmgen.gpu.launch import Kernel, _cupy, device_info  # noqa: E402
+from nmgen.gpu.launch import Kernel, device_info  # noqa: E402
 from nmgen.gpu.timing import time_in_turns  # noqa: E402
 from nmgen.model import estimate, gpu_of_device_name, gpu_spec  # noqa: E402
 from nmgen.refine import stream_k_twin as twin  # noqa: E402
@@ -35,11 +36,14 @@ RTOL = 1e-5
 # The stream-K grid (blocks, whole tiles): launch's choice (as many blocks as fit, all
 # full waves but the last whole), all full waves whole, or a block a tile (not persistent:
 # the kernel's code with the hardware's scheduling of blocks).
+def all_full_waves_whole(tiles: int, stages: int, resident: int) -> tuple[int, int]:
+    blocks = min(resident, tiles * stages)
+    return blocks, tiles // blocks * blocks
+
+
 POLICIES = {
     "": launch.stream_k_grid,
-    " (1 wave less shared)": lambda tiles, stages, resident: (
-        min(resident, tiles * stages), tiles // min(resident, tiles * stages)
-        * min(resident, tiles * stages)),
+    " (1 wave less shared)": all_full_waves_whole,
     " (a block a tile)": lambda tiles, stages, resident: (tiles, tiles),
 }
 
@@ -53,7 +57,6 @@ def kernel_with(config: KernelConfig, policy: str) -> Kernel:
 
 def one(pattern: Pattern, layout: ALayout, shape: tuple[int, int, int], core: bool,
         rounds: int, lines: list[str]) -> None:
-    cp = _cupy()
     rows, cols, depth = shape
     gpu = gpu_spec(gpu_of_device_name(device_info().name) or "h100")
     decision = default_dispatcher().decide(
@@ -62,12 +65,7 @@ def one(pattern: Pattern, layout: ALayout, shape: tuple[int, int, int], core: bo
     if core:
         bases.append(("core", core_config(Problem(pattern.n, pattern.m, 32, layout,
                                                   device_info().arch))))
-    a = cp.random.standard_normal((rows, depth), dtype=cp.float32)
-    if layout is ALayout.K_MAJOR:
-        a = cp.ascontiguousarray(a.T).T
-    b = random_weight(pattern.n, pattern.m, 32, depth, cols)
-    out = cp.full((rows, cols), cp.nan, cp.float32)
-    ref = a.astype(cp.float64) @ dense_float64(b)
+    a, b, out, ref = problem_inputs(pattern, layout, rows, cols, depth)
     fns, configs = {}, {}
     for label, base in bases:
         versions = [(label, base, "")] + [(f"{label} stream-K{policy}", twin(base), policy)
