@@ -129,14 +129,16 @@ def exhaustive_best(table: Table) -> tuple[str, float]:
 
 
 def replay(tasks: Iterable[TuneTask], tables: dict[Shape, Table], trials: int,
-           seeds: Iterable[int], device: str = "recorded") -> Iterator[ReplayResult]:
-    """Run the tuner on every task once per seed, each time in a fresh database."""
+           seeds: Iterable[int], device: str = "recorded",
+           tuner_class: type[ReplayTuner] = ReplayTuner) -> Iterator[ReplayResult]:
+    """Run the tuner (``tuner_class``) on every task once per seed, each time in a fresh
+    database."""
     for task, seed in itertools.product(list(tasks), list(seeds)):
         shape = (task.rows, task.cols, task.depth)
         with tempfile.TemporaryDirectory() as tmp:
             url = f"sqlite:///{Path(tmp) / 'replay.db'}"
             storage = open_storage(f"journal:{Path(tmp) / 'studies.journal'}")
-            tuner = ReplayTuner(connect(url), storage, trials=trials, seed=seed,
+            tuner = tuner_class(connect(url), storage, trials=trials, seed=seed,
                                 tables=tables, device=device, log=lambda s: None)
             report = tuner.tune(task)
         best_name, best_ms = exhaustive_best(tables[shape])

@@ -20,7 +20,6 @@ import math
 import random
 import statistics
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,13 +27,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nmgen.config import ALayout  # noqa: E402
-from nmgen.db import connect  # noqa: E402
 from nmgen.model import gpu_spec  # noqa: E402
-from nmgen.replay import ReplayMeasurer, ReplayTuner, exhaustive_best, read_tables  # noqa: E402
+from nmgen.replay import ReplayMeasurer, ReplayTuner, read_tables, replay  # noqa: E402
 from nmgen.report import markdown_table  # noqa: E402
 from nmgen.shapes import read_shapes  # noqa: E402
 from nmgen.space import core_config  # noqa: E402
-from nmgen.studies import open_storage  # noqa: E402
 from nmgen.tuner import UNSLICED_SPACE, TuneTask  # noqa: E402
 
 COMPILE_MEDIAN_S = 0.5
@@ -63,19 +60,13 @@ class SlowCompileMeasurer(ReplayMeasurer):
                                                              self._scale))
 
 
-def run(task: TuneTask, tables, trials: int, seed: int, pool, scale: float):
-    class Tuner(ReplayTuner):
+def slow_compile_tuner(pool, scale: float) -> type[ReplayTuner]:
+    class SlowCompileTuner(ReplayTuner):
         def measurer(self, task):
             table = self.tables[(task.rows, task.cols, task.depth)]
             return SlowCompileMeasurer(task, table, self.device, pool, scale)
 
-    with tempfile.TemporaryDirectory() as tmp:
-        storage = open_storage(f"journal:{Path(tmp) / 'studies.journal'}")
-        tuner = Tuner(connect(f"sqlite:///{Path(tmp) / 'replay.db'}"), storage, trials=trials,
-                      seed=seed, tables=tables, log=lambda s: None)
-        start = time.monotonic()
-        report = tuner.tune(task)
-        return report.winner, time.monotonic() - start
+    return SlowCompileTuner
 
 
 def main() -> None:
@@ -92,16 +83,20 @@ def main() -> None:
                       space=UNSLICED_SPACE) for shape in read_shapes(args.shapes)]
     rows = []
     with ThreadPoolExecutor(8) as pool:
+        tuner = slow_compile_tuner(pool, args.scale)
         for trials in (int(t) for t in args.trials.split(",")):
             for task in tasks:
-                shape = (task.rows, task.cols, task.depth)
-                _, best_ms = exhaustive_best(tables[shape])
+                results = replay([task], tables, trials, range(first, last + 1),
+                                 tuner_class=tuner)
                 gaps, seconds = [], []
-                for seed in range(first, last + 1):
-                    winner, took = run(task, tables, trials, seed, pool, args.scale)
-                    gaps.append(100 * (winner.time_ms / best_ms - 1))
-                    seconds.append(took)
-                rows.append(["x".join(map(str, shape)), trials,
+                while True:  # timed one seed at a time
+                    start = time.monotonic()
+                    result = next(results, None)
+                    if result is None:
+                        break
+                    gaps.append(100 * result.gap)
+                    seconds.append(time.monotonic() - start)
+                rows.append([f"{task.rows}x{task.cols}x{task.depth}", trials,
                              f"{statistics.median(gaps):.2f} %", f"{max(gaps):.2f} %",
                              " ".join(f"{g:.2f}" for g in gaps),
                              f"{statistics.mean(seconds):.1f} s"])

@@ -40,18 +40,5 @@ walls = dict(line.split()[0:1] + [int(line.split("wall_ms=")[1])] for line in op
 print(f"ratio all/one: {walls['all'] / walls['one']:.3f}")
 PY
 # Tuned results of the two runs, shape by shape: winner time on all GPUs / on one GPU.
-python3 - "$out/one_show.txt" "$out/all_show.txt" <<'PY' | tee -a "$out/walls.txt"
-import sys
-
-from nmgen.report import geomean
-
-def winners(path):  # nmgen show: gpu pattern L A M N K trials ms ...
-    rows = [line.split() for line in open(path)][1:]
-    return {tuple(r[4:7]): float(r[8]) for r in rows if len(r) > 8}
-
-one, every = (winners(p) for p in sys.argv[1:])
-ratios = [every[s] / one[s] for s in one if s in every]
-print(f"winners all/one over {len(ratios)} of {len(one)} shapes: "
-      + (f"geomean {geomean(ratios):.3f}, min {min(ratios):.3f}, max {max(ratios):.3f}"
-         if ratios else "none in both"))
-PY
+python3 "$(dirname "$0")/winners_ratio.py" "$out/one_show.txt" "$out/all_show.txt" all/one \
+    | tee -a "$out/walls.txt"

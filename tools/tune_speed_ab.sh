@@ -36,26 +36,12 @@ for run in old new; do
     (cd "$tree" && PYTHONPATH="$tree:${PYTHONPATH:-}" python3 -m nmgen.cli show \
         --db "sqlite:///$work/$run.db" > "$out/${run}_show.txt" 2>&1) || true
 done
-python3 - "$out" <<'PY' | tee -a "$out/walls.txt"
+python3 - "$out/walls.txt" <<'PY' | tee -a "$out/walls.txt"
 import sys
-from pathlib import Path
 
-from nmgen.report import geomean
-
-out = Path(sys.argv[1])
 walls = {line.split()[0]: int(line.split("wall_ms=")[1])
-         for line in (out / "walls.txt").read_text().splitlines() if "wall_ms=" in line}
+         for line in open(sys.argv[1]) if "wall_ms=" in line}
 print(f"wall new/old: {walls['new'] / walls['old']:.3f}")
-
-
-def winners(path):  # nmgen show: gpu pattern L A M N K trials ms ...
-    rows = [line.split() for line in path.read_text().splitlines()][1:]
-    return {tuple(r[4:7]): float(r[8]) for r in rows if len(r) > 8}
-
-
-old, new = winners(out / "old_show.txt"), winners(out / "new_show.txt")
-ratios = [new[s] / old[s] for s in old if s in new]
-print(f"winners new/old over {len(ratios)} of {len(old)} shapes: "
-      + (f"geomean {geomean(ratios):.3f}, min {min(ratios):.3f}, max {max(ratios):.3f}"
-         if ratios else "none in both"))
 PY
+python3 "$root/tools/winners_ratio.py" "$out/old_show.txt" "$out/new_show.txt" new/old \
+    | tee -a "$out/walls.txt"

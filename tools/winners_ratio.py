@@ -1,0 +1,33 @@
+"""Winner times of two `nmgen show` tables, shape by shape: the second run's over the first's.
+
+    python tools/winners_ratio.py FIRST_SHOW SECOND_SHOW LABEL
+    e.g. python tools/winners_ratio.py one_show.txt all_show.txt all/one
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from nmgen.report import geomean  # noqa: E402
+
+
+def winners(path: str) -> dict[tuple[str, ...], float]:
+    """(M, N, K) -> winner ms, from `nmgen show`: gpu pattern L A M N K trials ms ..."""
+    rows = [line.split() for line in Path(path).read_text().splitlines()][1:]
+    return {tuple(r[4:7]): float(r[8]) for r in rows if len(r) > 8}
+
+
+def main() -> None:
+    first_path, second_path, label = sys.argv[1:4]
+    first, second = winners(first_path), winners(second_path)
+    ratios = [second[s] / first[s] for s in first if s in second]
+    print(f"winners {label} over {len(ratios)} of {len(first)} shapes: "
+          + (f"geomean {geomean(ratios):.3f}, min {min(ratios):.3f}, max {max(ratios):.3f}"
+             if ratios else "none in both"))
+
+
+if __name__ == "__main__":
+    main()
