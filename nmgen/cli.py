@@ -103,9 +103,11 @@ def _work(args: argparse.Namespace, tasks: list, db_url: str, storage_url: str) 
         report = run_worker(tuner, tasks, args.time_budget, args.worker_index,
                             args.worker_count, log=tuner.log)
     finally:
+        closing = time.monotonic()
         tuner.close()
     print(f"{prefix}worked on {report.studies} problems; {report.complete} of "
           f"{report.total} complete; {report.seconds:.1f} s ({report.phases}); "
+          f"compile processes closed in {time.monotonic() - closing:.1f} s; "
           f"results in {db_url}")
     if args.dry_run and args.compile_top > 0:
         _print_dry_run(tuner, tasks, args.compile_top)

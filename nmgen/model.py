@@ -10,8 +10,10 @@ model's estimate beside it, so that its error stays visible.
 from __future__ import annotations
 
 import functools
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from .config import (
     MAX_REGISTERS,
@@ -269,59 +271,121 @@ def _fixed(config: KernelConfig, gpu: GpuSpec) -> _Fixed:
                   _a_rows_fraction(config), block_intensity(config))
 
 
+@dataclass(frozen=True)
+class _Columns:
+    """What the estimate reads of many configurations on one GPU: a numpy array a field,
+    so that ranking a space of tens of thousands costs a few array operations (the tuner
+    ranks one for every study, on the tuning worker's critical path)."""
+
+    ms: np.ndarray
+    ns: np.ndarray
+    ks: np.ndarray
+    n: np.ndarray
+    m: np.ndarray
+    split_k: np.ndarray
+    slice_k: np.ndarray
+    stages: np.ndarray
+    per_sm: np.ndarray
+    stream_k: np.ndarray  # bool
+    a_copied: np.ndarray  # bool: the transpose kernel runs first ("tx")
+    efficiency: np.ndarray
+    a_rows_fraction: np.ndarray
+    a_copy_eff: np.ndarray
+
+
+def _columns(configs: Sequence[KernelConfig], gpu: GpuSpec) -> _Columns:
+    pairs = [(c, _fixed(c, gpu)) for c in configs]
+    ints = np.array([(c.ms, c.ns, c.ks, c.n, c.m, c.split_k, c.slice_k, c.stages, f.per_sm,
+                      c.stream_k, c.a_copied) for c, f in pairs], dtype=np.int64).reshape(-1, 11)
+    # Row-major A transposed by 4-byte copies moves a quarter of the bytes per L1 access.
+    floats = np.array([(f.efficiency, f.a_rows_fraction,
+                        0.25 if c.kernel_a_layout is ALayout.ROW_MAJOR and c.packing else 1.0)
+                       for c, f in pairs], dtype=np.float64).reshape(-1, 3)
+    return _Columns(*ints[:, :9].T, ints[:, 9].astype(bool), ints[:, 10].astype(bool),
+                    *floats.T)
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+def _predict(c: _Columns, gpu: GpuSpec, m_rows: int, n_cols: int, k: int) -> dict:
+    """The roofline estimate of every configuration in ``c`` (arrays)."""
+    row_blocks, col_blocks = _ceil_div(m_rows, c.ms), _ceil_div(n_cols, c.ns)
+    blocks = row_blocks * col_blocks * c.split_k
+    waves = blocks / (gpu.sms * c.per_sm)
+    wave_eff = waves / np.ceil(waves)
+    k_pad = _ceil_div(k, c.ks) * c.ks
+    stages = k_pad / c.ks / c.split_k
+    w_rows = k_pad * c.n // c.m
+    flops = 2.0 * row_blocks * c.ms * col_blocks * c.ns * w_rows
+    compute_ms = flops / (gpu.peak_fp32_tflops * 1e12 * c.efficiency) * 1e3
+    a_bytes = 4.0 * m_rows * k_pad * c.a_rows_fraction
+    b_bytes = 4.0 * w_rows * col_blocks * c.ns
+    c_bytes = 4.0 * m_rows * n_cols * np.where(c.split_k == 1, 1, 2 * c.split_k + 1)
+    compulsory = a_bytes + b_bytes + c_bytes
+    through_l2 = a_bytes * col_blocks / c.a_copy_eff + b_bytes * row_blocks + c_bytes
+    memory_ms = np.maximum(compulsory / (gpu.dram_gbs * 1e9),
+                           through_l2 / (gpu.l2_gbs * 1e9)) * 1e3
+    exposed = np.where((c.stages == 1) & (c.per_sm == 1), EXPOSED_COPY_CYCLES, 0)
+    stage_cycles = STAGE_OVERHEAD_CYCLES + exposed
+    # Stream-K: every block gets the same share of all tiles' stages.
+    block_stages = np.ceil(waves * stages)
+    fixup = np.where(np.fmod(block_stages, stages) != 0, STREAM_K_FIXUP_CYCLES, 0)
+    wave_eff = np.where(c.stream_k, waves * stages / block_stages, wave_eff)
+    overhead_cycles = np.where(
+        c.stream_k, block_stages * stage_cycles + fixup,
+        np.ceil(waves) * (stages * stage_cycles + (c.slice_k - 1) * SLICE_REDUCE_CYCLES))
+    overhead_ms = overhead_cycles / (CLOCK_GHZ * 1e6)
+    # The transpose kernel's time before the main kernel of a copied A tile ("tx").
+    copy_a_ms = np.where(c.a_copied, 4.0 * m_rows * k * 2 / (
+        gpu.dram_gbs * 1e9 * COPY_BANDWIDTH_SHARE) * 1e3 + COPY_LAUNCH_US / 1e3, 0.0)
+    time_ms = np.maximum(compute_ms, memory_ms) / wave_eff + overhead_ms + copy_a_ms
+    return {"time_ms": time_ms, "compute_ms": compute_ms, "memory_ms": memory_ms,
+            "blocks": blocks, "wave_efficiency": wave_eff}
+
+
 def estimate(config: KernelConfig, gpu: GpuSpec, m_rows: int, n_cols: int, k: int
              ) -> Estimate:
     """Roofline time of ``config`` on an ``m_rows×k · k×n_cols`` problem."""
     fixed = _fixed(config, gpu)
-    row_blocks, col_blocks = math.ceil(m_rows / config.ms), math.ceil(n_cols / config.ns)
-    blocks = row_blocks * col_blocks * config.split_k
-    per_sm = fixed.per_sm
-    waves = blocks / (gpu.sms * per_sm)
-    wave_eff = waves / math.ceil(waves)
-    k_pad = math.ceil(k / config.ks) * config.ks
-    stages = k_pad / config.ks / config.split_k
-    w_rows = k_pad * config.n // config.m
-    flops = 2.0 * row_blocks * config.ms * col_blocks * config.ns * w_rows
-    compute_ms = flops / (gpu.peak_fp32_tflops * 1e12 * fixed.efficiency) * 1e3
-    a_bytes = 4.0 * m_rows * k_pad * fixed.a_rows_fraction
-    b_bytes = 4.0 * w_rows * col_blocks * config.ns
-    c_bytes = 4.0 * m_rows * n_cols * (1 if config.split_k == 1 else 2 * config.split_k + 1)
-    compulsory = a_bytes + b_bytes + c_bytes
-    # Row-major A transposed by 4-byte copies moves a quarter of the bytes per L1 access.
-    a_copy_eff = 0.25 if config.kernel_a_layout is ALayout.ROW_MAJOR and config.packing else 1.0
-    through_l2 = a_bytes * col_blocks / a_copy_eff + b_bytes * row_blocks + c_bytes
-    memory_ms = max(compulsory / (gpu.dram_gbs * 1e9), through_l2 / (gpu.l2_gbs * 1e9)) * 1e3
-    exposed = EXPOSED_COPY_CYCLES if config.stages == 1 and per_sm == 1 else 0
-    stage_cycles = STAGE_OVERHEAD_CYCLES + exposed
-    if config.stream_k:  # every block gets the same share of all tiles' stages
-        block_stages = math.ceil(waves * stages)
-        wave_eff = waves * stages / block_stages
-        fixup = STREAM_K_FIXUP_CYCLES if block_stages % stages else 0
-        overhead_cycles = block_stages * stage_cycles + fixup
-    else:
-        overhead_cycles = math.ceil(waves) * (stages * stage_cycles
-                                              + (config.slice_k - 1) * SLICE_REDUCE_CYCLES)
-    overhead_ms = overhead_cycles / (CLOCK_GHZ * 1e6)
-    time_ms = max(compute_ms, memory_ms) / wave_eff + overhead_ms + _copy_a_ms(config, gpu,
-                                                                                m_rows, k)
-    return Estimate(time_ms, compute_ms, memory_ms, fixed.intensity, blocks, per_sm,
-                    wave_eff, fixed.issue_efficiency)
+    p = _predict(_columns([config], gpu), gpu, m_rows, n_cols, k)
+    return Estimate(float(p["time_ms"][0]), float(p["compute_ms"][0]),
+                    float(p["memory_ms"][0]), fixed.intensity, int(p["blocks"][0]),
+                    fixed.per_sm, float(p["wave_efficiency"][0]), fixed.issue_efficiency)
 
 
-def _copy_a_ms(config: KernelConfig, gpu: GpuSpec, m_rows: int, k: int) -> float:
-    """The transpose kernel's time before the main kernel of a copied A tile ("tx")."""
-    if not config.a_copied:
-        return 0.0
-    moved = 4.0 * m_rows * k * 2
-    return moved / (gpu.dram_gbs * 1e9 * COPY_BANDWIDTH_SHARE) * 1e3 + COPY_LAUNCH_US / 1e3
+class RankTable:
+    """The feasible configurations of ``configs`` on ``gpu``, ready to be ranked for any
+    shape: the tuner ranks the same space for every study of a pattern."""
+
+    def __init__(self, configs: Sequence[KernelConfig], gpu: GpuSpec):
+        self.gpu = gpu
+        self.configs = [c for c in configs if _fixed(c, gpu).infeasible is None]
+        self._columns = _columns(self.configs, gpu)
+        names = [c.name for c in self.configs]
+        self._name_order = np.argsort(np.argsort(names, kind="stable"))  # ties by name
+
+    def predicted_ms(self, m_rows: int, n_cols: int, k: int) -> np.ndarray:
+        return _predict(self._columns, self.gpu, m_rows, n_cols, k)["time_ms"]
+
+    def rank(self, m_rows: int, n_cols: int, k: int) -> list[tuple[float, KernelConfig]]:
+        """By predicted time (ties by name: deterministic)."""
+        times = self.predicted_ms(m_rows, n_cols, k)
+        order = np.lexsort((self._name_order, times))
+        return [(float(times[i]), self.configs[i]) for i in order.tolist()]
 
 
-def rank(configs: list[KernelConfig], gpu: GpuSpec, m_rows: int, n_cols: int, k: int
+def predicted_ms(configs: Sequence[KernelConfig], gpu: GpuSpec, m_rows: int, n_cols: int,
+                 k: int) -> np.ndarray:
+    """``estimate(c, ...).time_ms`` of every configuration, at once."""
+    return _predict(_columns(configs, gpu), gpu, m_rows, n_cols, k)["time_ms"]
+
+
+def rank(configs: Sequence[KernelConfig], gpu: GpuSpec, m_rows: int, n_cols: int, k: int
          ) -> list[tuple[float, KernelConfig]]:
     """Feasible configurations by predicted time (ties by name: deterministic)."""
-    scored = [(estimate(c, gpu, m_rows, n_cols, k).time_ms, c) for c in configs
-              if _fixed(c, gpu).infeasible is None]
-    return sorted(scored, key=lambda pair: (pair[0], pair[1].name))
+    return RankTable(configs, gpu).rank(m_rows, n_cols, k)
 
 
 def arch_of_capability(major: int, minor: int) -> Arch:

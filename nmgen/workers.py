@@ -107,7 +107,7 @@ def supervise(child_argv: Callable[[int, str], list[str]], devices: Sequence[str
         procs[device] = subprocess.Popen([sys.executable, "-m", "nmgen.cli",
                                           *child_argv(i, device)], env=env)
         log(f"worker {i} on GPU {device}: pid {procs[device].pid}")
-    failures = 0
+    failures, start = 0, time.monotonic()
     while procs:
         time.sleep(0.2)
         for device, proc in list(procs.items()):
@@ -115,6 +115,7 @@ def supervise(child_argv: Callable[[int, str], list[str]], devices: Sequence[str
             if code is None:
                 continue
             del procs[device]
+            log(f"worker on GPU {device} exited after {time.monotonic() - start:.1f} s")
             if code != 0:
                 failures += 1
                 orphans = fail_orphans(open_storage(storage_url), f"{host}:{proc.pid}")

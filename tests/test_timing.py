@@ -192,3 +192,32 @@ def test_ahead_processes_yield_the_cpu_to_the_batch(tmp_path, monkeypatch):
     base = os.nice(0)
     assert int(nice[configs[0].name]) == min(19, base + timing.AHEAD_NICE)
     assert int(nice[configs[1].name]) == int(nice[configs[2].name]) == base
+
+
+def _compile_in_pool(config_json: str) -> tuple[str | None, bool]:
+    """Runs in a compile process: nmgen's compile step, then whether it made a context."""
+    error = timing._compile_one(config_json)
+    return error, timing.has_cuda_context()
+
+
+@pytest.mark.gpu
+def test_compile_processes_fill_the_cache_without_a_cuda_context(tmp_path, monkeypatch):
+    """Compile processes (batch and ahead) make no CUDA context on the GPU being timed;
+    what they compile is then loaded here from CuPy's cache, not compiled again."""
+    import cupy as cp
+
+    from nmgen.codegen import render
+    from nmgen.gpu.launch import NVRTC_OPTIONS
+
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
+    configs = _configs()[:2]
+    with timing.CompilePool(2, ahead_workers=1) as pool:
+        results = [pool._executor().submit(_compile_in_pool, configs[0].to_json()).result(),
+                   pool._ahead_executor().submit(_compile_in_pool, configs[1].to_json()).result()]
+    assert results == [(None, False), (None, False)]
+    cached = sorted(tmp_path.glob("*.cubin"))
+    assert len(cached) == 2
+    for config in configs:
+        module = cp.RawModule(code=render(config).code, options=NVRTC_OPTIONS, backend="nvrtc")
+        module.get_function(config.name)  # loads here
+    assert sorted(tmp_path.glob("*.cubin")) == cached  # found in the cache: nothing new

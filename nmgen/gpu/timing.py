@@ -9,6 +9,7 @@ import functools
 import math
 import os
 import statistics
+import types
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from multiprocessing import get_context
@@ -107,7 +108,8 @@ def host_lock(name: str, folder: Path | None = None):
 
 
 def _compile_one(config_json: str) -> str | None:
-    """Worker: compile through NVRTC so that CuPy's on-disk cache holds the result."""
+    """Worker: compile through NVRTC so that CuPy's on-disk cache holds the result (in a
+    compile process, only there: ``_cache_only``)."""
     cp = _cupy()
     config = KernelConfig.from_json(config_json)
     try:
@@ -119,14 +121,71 @@ def _compile_one(config_json: str) -> str | None:
     return None
 
 
+def compile_arch() -> str | None:
+    """The target CuPy compiles for on this process's GPU (as its cache key has it), or
+    ``None`` where CuPy or a GPU is missing (the CPU tests)."""
+    try:
+        from cupy.cuda import compiler
+
+        return compiler._get_arch()
+    except Exception:  # no CuPy, no driver, no GPU: compile processes load as before
+        return None
+
+
+def _cache_only(arch: str) -> bool:
+    """Compile process: compile for ``arch`` into CuPy's on-disk cache, and stop there.
+
+    CuPy's compile-and-cache step asks the GPU for its compute capability and ends by
+    loading the module; both make a CUDA context of this process on the GPU the tuning
+    worker times kernels on (contexts of separate processes share a GPU by time slices),
+    and cost its start-up the context. The process launches nothing, so the target comes
+    from the worker and the load is skipped; the worker then loads the cubin from the
+    cache under the same key. Returns whether CuPy's compiler was as expected (if not,
+    nothing changes: compiling makes a context as before)."""
+    try:
+        from cupy.cuda import compiler, function
+    except ImportError:
+        return False
+    if not all(hasattr(compiler, a) for a in ("_get_arch", "function", "_compile_with_cache_cuda")):
+        return False
+
+    class CacheOnlyModule(function.Module):
+        def load(self, cubin: bytes) -> None:  # kept in the disk cache, not on the GPU
+            pass
+
+    compiler._get_arch = lambda: arch
+    compiler.function = types.SimpleNamespace(Module=CacheOnlyModule,
+                                              LinkState=function.LinkState)
+    return True
+
+
+def _start_compile_process(niceness: int, arch: str | None) -> None:
+    """Initializer of a compile process: a lower CPU priority where asked (``AHEAD_NICE``),
+    and no CUDA context where the target is known (``_cache_only``)."""
+    if niceness:
+        os.nice(niceness)
+    if arch is not None:
+        _cache_only(arch)
+
+
+def has_cuda_context() -> bool:
+    """Whether this process has made a CUDA context current (the GPU tests' check that the
+    compile processes make none)."""
+    driver = _cupy().cuda.driver
+    try:
+        return driver.ctxGetCurrent() != 0
+    except driver.CUDADriverError:  # the driver not even initialized: no context
+        return False
+
+
 _WARM_SOURCE = 'extern "C" __global__ void nmgen_warm() {}'
 
 
 def _warm() -> None:
     """Worker: pay a process's one-time costs now, beside the tuner's own set-up, instead of
-    in its first kernel: loading CuPy and NVRTC and making a CUDA context (on an H100, the
-    first compile of 16 fresh processes took ~2 s longer than the next, and their first
-    CUDA call up to 2.2 s when all 16 made it at once: results/scale_h200x2/README.md)."""
+    in its first kernel: loading CuPy and NVRTC and the CUDA driver (on an H100, the first
+    compile of 16 fresh processes took ~2 s longer than the next, and their first CUDA call
+    up to 2.2 s when all 16 made it at once: results/scale_h200x2/README.md)."""
     try:
         cp = _cupy()
     except RuntimeError:  # no CuPy: the CPU tests' fake compilers need none
@@ -137,12 +196,10 @@ def _warm() -> None:
 AHEAD_NICE = 10  # niceness of the processes that compile ahead
 
 
-def _yield_cpu() -> None:
-    """Ahead process: run at a lower CPU priority. What a batch waits for comes first; the
-    seeds of later studies fill the idle cores (two workers on two H200s share 32 CPUs; a
-    study took from 21 % less to 33 % more time on one of them than on a lone worker:
-    results/scale_h200x2/README.md)."""
-    os.nice(AHEAD_NICE)
+# Ahead processes run at a lower CPU priority. What a batch waits for comes first; the
+# seeds of later studies fill the idle cores (two workers on two H200s share 32 CPUs; a
+# study took from 21 % less to 33 % more time on one of them than on a lone worker:
+# results/scale_h200x2/README.md).
 
 
 def _outcome(name: str, future: Future) -> str | None:
@@ -215,13 +272,22 @@ class CompilePool:
         if self._ahead_pool is None:
             self._ahead_pool = ProcessPoolExecutor(self.ahead_workers,
                                                    mp_context=get_context("spawn"),
-                                                   initializer=_yield_cpu)
+                                                   initializer=_start_compile_process,
+                                                   initargs=(AHEAD_NICE, self._arch))
         return self._ahead_pool
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=get_context("spawn"))
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=get_context("spawn"),
+                                             initializer=_start_compile_process,
+                                             initargs=(0, self._arch))
         return self._pool
+
+    @functools.cached_property
+    def _arch(self) -> str | None:
+        """The compile target, asked once here (a compile process asking would make a
+        CUDA context of its own); only NVRTC compiles need it."""
+        return compile_arch() if self._compile_one is _compile_one else None
 
     def close(self) -> None:
         if self._pool is not None:
