@@ -436,11 +436,12 @@ class Tuner:
                               else "no correct kernel") + f" [{report.seconds:.2f} s: {phases}]")
         return report
 
-    def remeasure(self, task: TuneTask, configs: Sequence[KernelConfig]) -> Winner | None:
+    def remeasure(self, task: TuneTask, configs: Sequence[KernelConfig],
+                  measurer=None) -> Winner | None:
         """Measure ``configs`` on ``task``'s problem where the database holds no result of
         them yet (kernels whose source a generator change altered: ``carry``), then time
         the finalists again in turns (``confirm``). Returns the problem's winner."""
-        measurer = self.measurer(task)
+        measurer = measurer or self.measurer(task)
         known = self._known(measurer.key)
         fresh = [c for c in dict.fromkeys(configs)
                  if c.name not in known and feasible(c, task.gpu) is None]
@@ -452,6 +453,21 @@ class Tuner:
         status = TrialStatus.MODEL if self.dry_run else TrialStatus.OK
         return best_per_problem(self.engine, measurer.key, status).get(
             (task.rows, task.cols, task.depth))
+
+    def cross_check(self, task: TuneTask) -> tuple[Winner | None, Winner | None]:
+        """Once every study has its trials: measure on ``task``'s problem the winners of
+        its nearest tuned shapes that it has not tried (shapes tuned after it, or beside
+        it by another worker), then time the finalists again. Their kernels are compiled
+        already, so this costs a few timings a shape, and a winner depends less on the
+        order the shapes were tuned in: with two workers, a worker's first shape has no
+        tuned neighbours to start from (results/scale_h200x2/README.md, run 13 on).
+        Returns the problem's winner before and after."""
+        measurer = self.measurer(task)
+        status = TrialStatus.MODEL if self.dry_run else TrialStatus.OK
+        shape = (task.rows, task.cols, task.depth)
+        before = best_per_problem(self.engine, measurer.key, status).get(shape)
+        neighbours = [c for c in self.neighbours(task, measurer.key) if task.space.contains(c)]
+        return before, self.remeasure(task, neighbours, measurer)
 
     def compile_ahead(self, tasks: Sequence[TuneTask]) -> int:
         """Queue the seeds of ``tasks`` (the studies to come) for the spare compile
@@ -584,14 +600,19 @@ class Tuner:
         configuration (the reference no tuned shape should fall below; ``confirm`` times
         it again beside the finalists), the winners of the nearest shapes already tuned,
         then the model's best guesses."""
+        seeds = [*_core_seed(task), *self.neighbours(task, key),
+                 *model_seeds(task, SEEDS_FROM_MODEL)]
+        return [c for c in dict.fromkeys(seeds) if task.space.contains(c)]
+
+    def neighbours(self, task: TuneTask, key: ProblemKey) -> list[KernelConfig]:
+        """The winners of the nearest shapes tuned so far (nearest first, at most
+        ``SEEDS_FROM_TUNED`` distinct configurations)."""
         shape = (task.rows, task.cols, task.depth)
         status = TrialStatus.MODEL if self.dry_run else TrialStatus.OK
         nearest = sorted(((s, w) for s, w in best_per_problem(self.engine, key, status).items()
                           if s != shape),
                          key=lambda sw: (shape_distance(sw[0], shape), sw[1].config.name))
-        neighbours = list(dict.fromkeys(w.config for _, w in nearest))[:SEEDS_FROM_TUNED]
-        seeds = [*_core_seed(task), *neighbours, *model_seeds(task, SEEDS_FROM_MODEL)]
-        return [c for c in dict.fromkeys(seeds) if task.space.contains(c)]
+        return list(dict.fromkeys(w.config for _, w in nearest))[:SEEDS_FROM_TUNED]
 
     @staticmethod
     def _planned(study: optuna.Study) -> int:

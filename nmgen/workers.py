@@ -82,10 +82,26 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
                 log(f"time budget spent: {len(unfinished)} of {len(tasks)} studies short "
                     "of their trials")
             _give_back_seeds(tuner, [t for t in order if t not in unfinished])
+            if not unfinished and not tuner.dry_run:
+                with phases("cross-check"):
+                    _cross_check(tuner, [t for t in order if t.study_name in worked], log)
             return WorkerReport(len(worked), len(tasks) - len(unfinished), len(tasks),
                                 time.monotonic() - start, phases)
         if not open_tasks:  # the rest is running elsewhere: wait for it (or its failure)
             time.sleep(POLL_S)
+
+
+def _cross_check(tuner: Tuner, tasks: Sequence[TuneTask], log: Callable[[str], None]) -> None:
+    """Every study is complete: each of this worker's problems tries its tuned
+    neighbours' winners (``Tuner.cross_check``)."""
+    changed = []
+    for task in tasks:
+        before, after = tuner.cross_check(task)
+        if before and after and after.config != before.config:
+            changed.append(f"{tuner.study_name(task)}: {before.time_ms:.4f} ms -> "
+                           f"{after.time_ms:.4f} ms {after.config.name}")
+    log(f"cross-check of {len(tasks)} problems against their neighbours' winners: "
+        f"{len(changed)} winners changed" + "".join(f"\n  {line}" for line in changed))
 
 
 def _give_back_seeds(tuner: Tuner, full: Sequence[TuneTask]) -> None:

@@ -30,17 +30,34 @@ def tuned_db(tmp_path_factory):
     reports = [tuner.tune(task) for task in tasks]
     ahead = dict(tuner._compile_pool._ahead)
     taken_back = tuner._compile_pool.taken_back
+    checked = [(task, tuner.cross_check(task)) for task in tasks]
     tuner.close()
-    return url, reports, queued, ahead, taken_back
+    return url, reports, queued, ahead, taken_back, checked
 
 
 def test_seeds_compiled_ahead_and_finalists_timed_again(tuned_db):
-    _, reports, queued, ahead, taken_back = tuned_db
+    _, reports, queued, ahead, taken_back, _ = tuned_db
     # Each seed queued ahead was compiled there or, not yet started when its study asked
     # for it, taken back and compiled by the study's own pool: none twice, none lost.
     assert queued > 0 and len(ahead) + taken_back == queued
     assert all(f.done() and f.result() is None for f in ahead.values())
     assert all("confirm" in r.phases.seconds for r in reports)
+
+
+def test_cross_check_measures_the_other_shapes_winner(tuned_db):
+    from nmgen.db import trials_of
+    from nmgen.tuner import GpuMeasurer
+
+    url, reports, *_, checked = tuned_db
+    engine = connect(url)
+
+    def tried(task) -> set[str]:
+        return {r.config_row.name for r in trials_of(engine, GpuMeasurer.key_of(task))}
+
+    (first, (before, after)), (second, _) = checked
+    assert before is not None and after is not None and after.time_ms > 0
+    assert reports[1].winner.config.name in tried(first)  # measured here, tuned there
+    assert after.config.name in tried(second)  # ... and the first one's, cross-checked
 
 
 def test_tune_finds_a_correct_winner_and_resumes(tuned_db):

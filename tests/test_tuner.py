@@ -158,3 +158,30 @@ def test_core_kernels_queued_ahead_before_any_ranking(tmp_path, monkeypatch):
     assert pool.queued[0] == cores and min(ranked_after) == 1
     assert [q[0] for q in pool.queued[1:]] == cores  # then each study's seeds, core first
     assert tuner.compile_ahead(tasks) == 0 and len(pool.queued) == 4  # nothing twice
+
+
+def test_cross_check_tries_the_winners_of_shapes_tuned_later(tmp_path):
+    """The first shape tuned had no tuned neighbours to start from; once the others are
+    tuned it measures their winners that it never tried, keeps the fastest, and a second
+    cross-check measures nothing again."""
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    tuner = Tuner(connect(url), url, trials=4, batch=4, dry_run=True)
+    shapes = [(256, 2048, 2048), (4096, 8192, 8192), (2048, 2048, 5632)]
+    tasks = [TuneTask(gpu_spec("h100"), 8, 32, 32, ALayout.ROW_MAJOR, *s) for s in shapes]
+    for task in tasks:
+        tuner.tune(task)
+    key = ModelMeasurer(tasks[0]).key
+
+    def tried() -> list[str]:
+        return [r.config_row.name for r in trials_of(tuner.engine, key)]
+
+    first = tried()
+    missing = [c.name for c in tuner.neighbours(tasks[0], key) if c.name not in first]
+    assert missing  # winners of the shapes tuned after it
+    before, after = tuner.cross_check(tasks[0])
+    assert set(missing) <= set(tried()) and len(tried()) == len(first) + len(missing)
+    assert after.time_ms <= before.time_ms
+    assert after.time_ms == min(r.time_ms for r in trials_of(tuner.engine, key))
+    count = len(tried())
+    tuner.cross_check(tasks[0])
+    assert len(tried()) == count
