@@ -17,29 +17,29 @@ from collections import defaultdict
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from nmgen.config import KernelConfig
+from nmgen.config import ATile, KernelConfig
 from nmgen.db import GOOD, ProblemRow, TrialRow, connect
 from nmgen.dispatch import template_hash
 from nmgen.model import estimate, gpu_spec
 
-TILES = ("tm", "tx")
+TILES = (ATile.M_MAJOR.value, ATile.K_MAJOR_COPY.value)  # "tm", "tx"
 
 
 def best_per_tile(session: Session, problem: ProblemRow) -> dict[str, tuple[float, float]]:
     """tile -> (measured ms, the model's ms now) of the problem's fastest correct kernel
     of that tile."""
-    best: dict[str, tuple[float, str]] = {}
+    best: dict[str, tuple[float, KernelConfig]] = {}
     for trial in session.scalars(select(TrialRow).where(TrialRow.problem_id == problem.id)):
         if trial.status not in GOOD or trial.time_ms is None:
             continue
-        name = trial.config_row.name
-        tile = name.rsplit("_", 2)[-2]
+        config = KernelConfig.from_name(trial.config_row.name)
+        tile = config.a_tile.value
         if tile in TILES and (tile not in best or trial.time_ms < best[tile][0]):
-            best[tile] = (trial.time_ms, name)
+            best[tile] = (trial.time_ms, config)
     gpu = gpu_spec(problem.gpu.name)
     shape = (problem.rows, problem.cols, problem.depth)
-    return {tile: (ms, estimate(KernelConfig.from_name(name), gpu, *shape).time_ms)
-            for tile, (ms, name) in best.items()}
+    return {tile: (ms, estimate(config, gpu, *shape).time_ms)
+            for tile, (ms, config) in best.items()}
 
 
 def main() -> None:
