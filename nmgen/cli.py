@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -11,6 +12,15 @@ from pathlib import Path
 from .config import ALayout, ConfigError
 from .format import Pattern
 from .shapes import ShapeFileError, read_shapes
+
+
+def _process_age() -> float:
+    """Seconds since this process started (Linux: /proc), imports included."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return math.nan
 
 
 def _patterns(text: str) -> list[Pattern]:
@@ -44,6 +54,10 @@ def _tune(args: argparse.Namespace) -> int:
     from .db import default_url
     from .studies import check_storage, default_storage_url
 
+    for option, value, least in (("--compile-workers", args.compile_workers, 1),
+                                 ("--ahead-workers", args.ahead_workers, 0)):
+        if value is not None and value < least:
+            raise ValueError(f"{option} must be at least {least}, not {value}")
     tasks = _tasks(args)
     devices = _devices(args.devices)
     workers = max(len(devices), args.worker_count)
@@ -72,6 +86,9 @@ def _supervise(args: argparse.Namespace, devices: list[str], db_url: str,
                 "--compile-top", str(args.compile_top)]
         if math.isfinite(args.time_budget):
             argv += ["--time-budget", str(args.time_budget)]
+        for option, value in (("--compile-workers", args.compile_workers),
+                              ("--ahead-workers", args.ahead_workers)):
+            argv += [option, str(value)] if value is not None else []
         return argv + (["--dry-run"] if args.dry_run else [])
 
     start = time.monotonic()
@@ -95,10 +112,16 @@ def _work(args: argparse.Namespace, tasks: list, db_url: str, storage_url: str) 
         info = device_info()
         check_device(tasks[0].gpu, info.name, info.sms, info.major, info.minor)
     prefix = f"[worker {args.worker_index}] " if args.worker_count > 1 else ""
+    workers = Tuner.workers if args.compile_workers is None else args.compile_workers
+    ahead = default_ahead_workers(workers) if args.ahead_workers is None else args.ahead_workers
     tuner = Tuner(connect(db_url), open_storage(storage_url), trials=args.trials,
-                  dry_run=args.dry_run, seed=args.worker_index,
-                  ahead_workers=0 if args.dry_run else default_ahead_workers(Tuner.workers),
+                  dry_run=args.dry_run, seed=args.worker_index, workers=workers,
+                  ahead_workers=0 if args.dry_run else ahead,
                   log=lambda s: print(prefix + s, file=sys.stderr, flush=True))
+    if not args.dry_run:
+        tuner.log(f"set up {_process_age():.1f} s after the process started; compile "
+                  f"processes: {workers} for the batch timed next, {ahead} for the next "
+                  "studies' seeds")
     try:
         report = run_worker(tuner, tasks, args.time_budget, args.worker_index,
                             args.worker_count, log=tuner.log)
@@ -412,6 +435,12 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--compile-top", type=int, default=4,
                       help="dry run: compile this many best configurations a problem")
     tune.add_argument("--devices", help="GPUs to tune on, one worker each: 0,1,... or all")
+    tune.add_argument("--compile-workers", type=int, default=None, metavar="N",
+                      help="compile processes a worker gives the batch it times next "
+                      "(default 8)")
+    tune.add_argument("--ahead-workers", type=int, default=None, metavar="N",
+                      help="compile processes a worker gives the next studies' seeds "
+                      "(default: the host's spare cores, at most --compile-workers)")
     tune.add_argument("--worker-index", type=int, default=0,
                       help="this worker's number when several share the studies")
     tune.add_argument("--worker-count", type=int, default=1,

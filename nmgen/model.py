@@ -36,6 +36,11 @@ STALL_FACTOR = 0.70
 # beyond what their extra instructions explain.
 IN_KERNEL_TRANSPOSE_FACTOR = 0.88
 STAGE_OVERHEAD_CYCLES = 1200
+# Row-major A read M-major in the inner loop ("tm": scalar A reads) waits on them beyond
+# their issue cost: with this factor the model orders the best tm and tx kernels of 201 of
+# the 207 row-major H100 problems in tuned_db/ as measured (181 without;
+# results/model_tiles_h100.md).
+M_MAJOR_FACTOR = 0.9
 # Sliced K: after the main loop each slice but one passes the tile through shared memory
 # behind a barrier, taken to cost about a stage's fixed overhead (not yet calibrated).
 SLICE_REDUCE_CYCLES = STAGE_OVERHEAD_CYCLES
@@ -267,6 +272,7 @@ def _fixed(config: KernelConfig, gpu: GpuSpec) -> _Fixed:
     issue = issue_efficiency(config)
     stalls = STALL_FACTOR * (IN_KERNEL_TRANSPOSE_FACTOR if config.transposed else 1.0)
     stalls *= STREAM_K_FACTOR if config.stream_k else 1.0
+    stalls *= M_MAJOR_FACTOR if config.a_tile is ATile.M_MAJOR else 1.0
     return _Fixed(feasible(config, gpu), per_sm, issue * occupancy_eff * stalls, issue,
                   _a_rows_fraction(config), block_intensity(config))
 
@@ -374,12 +380,6 @@ class RankTable:
         times = self.predicted_ms(m_rows, n_cols, k)
         order = np.lexsort((self._name_order, times))
         return [(float(times[i]), self.configs[i]) for i in order.tolist()]
-
-
-def predicted_ms(configs: Sequence[KernelConfig], gpu: GpuSpec, m_rows: int, n_cols: int,
-                 k: int) -> np.ndarray:
-    """``estimate(c, ...).time_ms`` of every configuration, at once."""
-    return _predict(_columns(configs, gpu), gpu, m_rows, n_cols, k)["time_ms"]
 
 
 def rank(configs: Sequence[KernelConfig], gpu: GpuSpec, m_rows: int, n_cols: int, k: int

@@ -46,6 +46,16 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
     worked: set[str] = set()
 
     phases = Phases()
+    started_ahead = False
+
+    def compile_ahead(upcoming: Sequence[TuneTask]) -> None:
+        nonlocal started_ahead
+        begun = time.monotonic()
+        queued = tuner.compile_ahead(upcoming)
+        if not started_ahead and queued:  # the first call also starts the processes
+            started_ahead = True
+            log(f"compile processes started and {queued} kernels queued ahead in "
+                f"{time.monotonic() - begun:.1f} s")
 
     def tune(task: TuneTask, budget_s: float, progress: str) -> None:
         log(f"[{tasks.index(task) + 1}/{len(tasks)}] {tuner.study_name(task)} "
@@ -62,7 +72,7 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
             if time.monotonic() - start >= time_budget_s:
                 break
             if sum(tuner.open_work(task)) == 0:  # untouched, here or by another worker
-                tuner.compile_ahead(order[i:i + 1 + AHEAD_STUDIES])
+                compile_ahead(order[i:i + 1 + AHEAD_STUDIES])
                 tune(task, 0.0, f"first pass {i + 1}/{len(order)}")
     while True:
         open_tasks = [t for t in order if sum(tuner.open_work(t)) < tuner.trials]
@@ -73,7 +83,7 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
             if sum(tuner.open_work(task)) >= tuner.trials:  # filled by others meanwhile
                 continue
             done = len(tasks) - len(open_tasks) + i - 1
-            tuner.compile_ahead(open_tasks[i - 1:i + AHEAD_STUDIES])
+            compile_ahead(open_tasks[i - 1:i + AHEAD_STUDIES])
             tune(task, left / (len(open_tasks) - i + 1), f"{done} of {len(tasks)} done or taken")
         unfinished = [t for t in order if tuner.open_work(t)[0] < tuner.trials]
         out_of_time = time.monotonic() - start >= time_budget_s

@@ -102,6 +102,16 @@ def test_unknown_gpu_is_named(tmp_path):
     assert result.returncode == 2 and "unknown GPU 'v100'" in result.stderr
 
 
+def test_compile_process_counts_are_checked(tmp_path):
+    shapes = tmp_path / "s.txt"
+    shapes.write_text("64 256 512\n")
+    for option, value, least in (("--compile-workers", "0", 1), ("--ahead-workers", "-1", 0)):
+        result = nmgen_cli("tune", "--gpu", "h100", "--shapes", str(shapes), "--dry-run",
+                           option, value)
+        assert result.returncode == 2
+        assert f"{option} must be at least {least}, not {value}" in result.stderr
+
+
 def test_llama_shapes_file():
     from pathlib import Path
 

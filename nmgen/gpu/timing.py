@@ -193,13 +193,11 @@ def _warm() -> None:
     cp.RawModule(code=_WARM_SOURCE, options=NVRTC_OPTIONS, backend="nvrtc").compile()
 
 
-AHEAD_NICE = 10  # niceness of the processes that compile ahead
-
-
-# Ahead processes run at a lower CPU priority. What a batch waits for comes first; the
+# Niceness of the processes that compile ahead: what a batch waits for comes first; the
 # seeds of later studies fill the idle cores (two workers on two H200s share 32 CPUs; a
 # study took from 21 % less to 33 % more time on one of them than on a lone worker:
 # results/scale_h200x2/README.md).
+AHEAD_NICE = 10
 
 
 def _outcome(name: str, future: Future) -> str | None:
