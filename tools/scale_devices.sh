@@ -19,7 +19,7 @@ trials=${4:-16}
 gpu=$(python3 -c "import cupy; print(cupy.cuda.runtime.getDeviceProperties(0)['name'].decode())" \
       | grep -oiE 'h100|h200' | tr 'A-Z' 'a-z')
 mkdir -p "$out"
-python3 "$(dirname "$0")/warm_up.py"  # the first timed run must not pay cold caches
+python3 "$(dirname "$0")/warm_up.py" "$gpu" "$pattern"  # no cold start in the first timed run
 work=$(mktemp -d)
 for run in one all; do
     devices=$([ "$run" = one ] && echo 0 || echo all)

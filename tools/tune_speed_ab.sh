@@ -19,7 +19,9 @@ root=$PWD
 gpu=$(python3 -c "import cupy; print(cupy.cuda.runtime.getDeviceProperties(0)['name'].decode())" \
       | grep -oiE 'h100|h200' | tr 'A-Z' 'a-z')
 mkdir -p "$out"
-python3 "$(dirname "$0")/warm_up.py"  # the first timed run must not pay cold caches
+for tree in "$old_tree" "$root"; do  # no cold start in the first timed run
+    PYTHONPATH="$tree:${PYTHONPATH:-}" python3 "$root/tools/warm_up.py" "$gpu" "$pattern" || true
+done
 out=$(realpath "$out")
 work=$(mktemp -d)
 for run in old new; do

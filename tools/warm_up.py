@@ -1,23 +1,38 @@
 """Untimed warm-up before a timed tuning comparison: load what every tuning process loads
-(Python packages, CuPy, the CUDA driver, NVRTC) once, so that the first timed run does
-not pay a fresh machine's cold file cache and the later runs do not get it for free.
+(Python packages, CuPy, the CUDA driver, NVRTC) once, and build the search space's
+on-disk enumeration of each pattern (``space.enumerate_configs``: seconds, once an nmgen
+version), so that the first timed run does not pay a fresh machine's cold start and the
+later runs do not get it for free.
 
-    python tools/warm_up.py
+    python tools/warm_up.py GPU PATTERN,... [VEC] [LAYOUT]    e.g. h200 8:32 32 rm
 """
 
 import os
+import sys
 import tempfile
 import time
 
 start = time.monotonic()
 with tempfile.TemporaryDirectory() as cache:
     os.environ["CUPY_CACHE_DIR"] = cache  # compiles for real, keeps nothing
-    import cupy
-
     import nmgen.cli  # noqa: F401
     import nmgen.studies  # noqa: F401
-    import nmgen.tuner  # noqa: F401
+    from nmgen.config import ALayout
+    from nmgen.format import Pattern
+    from nmgen.model import gpu_spec
+    from nmgen.space import enumerate_configs
+    from nmgen.tuner import TuneTask
 
-    cupy.RawModule(code='extern "C" __global__ void warm() {}', backend="nvrtc",
-                   options=("-std=c++17",)).get_function("warm")
+    try:
+        import cupy
+    except ImportError:  # a host without a GPU: the space only
+        cupy = None
+    if cupy is not None:
+        cupy.RawModule(code='extern "C" __global__ void warm() {}', backend="nvrtc",
+                       options=("-std=c++17",)).get_function("warm")
+    gpu, patterns, vec, layout = (sys.argv[1:] + ["32", "rm"][len(sys.argv) - 3:])[:4]
+    for text in filter(None, patterns.split(",")):
+        pattern = Pattern.parse(text)
+        task = TuneTask(gpu_spec(gpu), pattern.n, pattern.m, int(vec), ALayout(layout), 1, 1, 1)
+        enumerate_configs(task.problem)
 print(f"warm-up: {time.monotonic() - start:.1f} s")
