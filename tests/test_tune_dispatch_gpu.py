@@ -30,13 +30,12 @@ def tuned_db(tmp_path_factory):
     reports = [tuner.tune(task) for task in tasks]
     ahead = dict(tuner._compile_pool._ahead)
     taken_back = tuner._compile_pool.taken_back
-    checked = [(task, tuner.cross_check(task)) for task in tasks]
     tuner.close()
-    return url, reports, queued, ahead, taken_back, checked
+    return url, reports, queued, ahead, taken_back
 
 
 def test_seeds_compiled_ahead_and_finalists_timed_again(tuned_db):
-    _, reports, queued, ahead, taken_back, _ = tuned_db
+    _, reports, queued, ahead, taken_back = tuned_db
     # Each seed queued ahead was compiled there or, not yet started when its study asked
     # for it, taken back and compiled by the study's own pool: none twice, none lost.
     assert queued > 0 and len(ahead) + taken_back == queued
@@ -44,20 +43,32 @@ def test_seeds_compiled_ahead_and_finalists_timed_again(tuned_db):
     assert all("confirm" in r.phases.seconds for r in reports)
 
 
-def test_cross_check_measures_the_other_shapes_winner(tuned_db):
-    from nmgen.db import trials_of
-    from nmgen.tuner import GpuMeasurer
+def test_cross_check_measures_a_neighbours_winner_never_tried(tmp_path):
+    """A tuned neighbour's winner that the first shape never tried is compiled, checked and
+    timed there for real by the cross-check, and the fastest then wins."""
+    from nmgen.codegen import render
+    from nmgen.db import record_trial
+    from nmgen.gpu.launch import device_info
+    from nmgen.tuner import GpuMeasurer, Tuner, TuneTask, model_seeds
 
-    url, reports, *_, checked = tuned_db
-    engine = connect(url)
-
-    def tried(task) -> set[str]:
-        return {r.config_row.name for r in trials_of(engine, GpuMeasurer.key_of(task))}
-
-    (first, (before, after)), (second, _) = checked
-    assert before is not None and after is not None and after.time_ms > 0
-    assert reports[1].winner.config.name in tried(first)  # measured here, tuned there
-    assert after.config.name in tried(second)  # ... and the first one's, cross-checked
+    gpu = GPUS[gpu_of_device_name(device_info().name)]
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    tuner = Tuner(connect(url), url, trials=6, batch=3, workers=4)
+    first, neighbour = (TuneTask(gpu, 4, 8, 16, ALayout.ROW_MAJOR, *s) for s in SHAPES)
+    tuner.tune(first)
+    key = GpuMeasurer.key_of(first)
+    tried = {r.config_row.name for r in trials_of(tuner.engine, key)}
+    untried = next(c for c in model_seeds(neighbour, 40) if c.name not in tried)
+    record_trial(tuner.engine, GpuMeasurer.key_of(neighbour), untried,
+                 render(untried).sha256, TrialStatus.OK, 1e-6, 1e-6)  # its "winner"
+    before, after = tuner.cross_check(first)
+    tuner.close()
+    rows = {r.config_row.name: r for r in trials_of(tuner.engine, key)}
+    assert set(rows) == tried | {untried.name}  # measured there, and nothing else
+    assert rows[untried.name].status == TrialStatus.OK
+    assert rows[untried.name].time_ms > 1e-4  # timed on the GPU, not the recorded 1e-6
+    ok_times = [r.time_ms for r in rows.values() if r.status == TrialStatus.OK]
+    assert before is not None and after.time_ms == min(ok_times) <= before.time_ms
 
 
 def test_tune_finds_a_correct_winner_and_resumes(tuned_db):
