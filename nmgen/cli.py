@@ -38,16 +38,33 @@ def _tasks(args: argparse.Namespace):
 
 
 def _devices(text: str | None) -> list[str]:
+    """The ``CUDA_VISIBLE_DEVICES`` value of each worker that ``--devices`` asks for: its
+    indices count the GPUs this process sees, so under ``CUDA_VISIBLE_DEVICES=2,3``,
+    ``0,1`` and ``all`` both mean GPUs 2 and 3."""
     if not text:
         return []
-    if text != "all":
-        return [d.strip() for d in text.split(",") if d.strip()]
-    from .gpu.launch import device_count
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = None if env is None else [d.strip() for d in env.split(",") if d.strip()]
+    if text == "all":
+        if visible is None:
+            from .gpu.launch import device_count
 
-    count = device_count()
-    if count == 0:
-        raise RuntimeError("--devices all: no CUDA GPU found")
-    return [str(i) for i in range(count)]
+            visible = [str(i) for i in range(device_count())]
+        if not visible:
+            raise RuntimeError("--devices all: no CUDA GPU found"
+                               + (f" (CUDA_VISIBLE_DEVICES={env!r})" if env is not None else ""))
+        return visible
+    wanted = [d.strip() for d in text.split(",") if d.strip()]
+    twice = sorted({d for d in wanted if wanted.count(d) > 1})
+    if twice:
+        raise ValueError(f"--devices {text}: GPU {','.join(twice)} named twice (one worker a GPU)")
+    if visible is None:
+        return wanted
+    bad = [d for d in wanted if not (d.isdigit() and int(d) < len(visible))]
+    if bad:
+        raise ValueError(f"--devices {','.join(bad)}: not an index of the {len(visible)} GPUs "
+                         f"that CUDA_VISIBLE_DEVICES={env} leaves visible")
+    return [visible[int(d)] for d in wanted]
 
 
 def _tune(args: argparse.Namespace) -> int:

@@ -173,6 +173,31 @@ def test_devices_run_workers_on_a_journal_beside_sqlite(tmp_path, shapes_file):
     assert sum(by_worker.values()) == TRIALS * len(SHAPES)
 
 
+def test_devices_count_the_gpus_cuda_visible_devices_leaves(tmp_path, shapes_file):
+    """--devices indices (and all) name GPUs as this process sees them: each worker gets
+    the physical GPU, not index i of the whole host; bad or repeated indices are errors."""
+    def run(devices: str) -> subprocess.CompletedProcess:
+        db = f"sqlite:///{tmp_path / devices.replace(',', '_')}.db"
+        args = ["tune", "--gpu", "h100", "--shapes", str(shapes_file), "--pattern", PATTERN,
+                "--vec", VEC, "--trials", "2", "--dry-run", "--compile-top", "0",
+                "--db", db, "--devices", devices]
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": "5,7"}
+        return subprocess.run([sys.executable, "-m", "nmgen.cli", *args], capture_output=True,
+                              text=True, timeout=300, env=env)
+
+    for devices, expected in (("all", ("5", "7")), ("1", ("7",))):
+        result = run(devices)
+        assert result.returncode == 0, result.stderr[-3000:]
+        for i, gpu in enumerate(expected):
+            assert f"worker {i} on GPU {gpu}: pid" in result.stderr
+        assert f"worker {len(expected)} on GPU" not in result.stderr
+    result = run("0,2")
+    assert result.returncode == 2
+    assert "--devices 2: not an index of the 2 GPUs that CUDA_VISIBLE_DEVICES=5,7" in result.stderr
+    result = run("1,1")
+    assert result.returncode == 2 and "GPU 1 named twice" in result.stderr
+
+
 def test_rdb_storage_on_sqlite_is_refused_for_several_workers(tmp_path, shapes_file):
     db = f"sqlite:///{tmp_path / 'tuned.db'}"
     args = ["tune", "--gpu", "h100", "--shapes", str(shapes_file), "--dry-run",
