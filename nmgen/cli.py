@@ -149,6 +149,8 @@ def _work(args: argparse.Namespace, tasks: list, db_url: str, storage_url: str) 
           f"{report.total} complete; {report.seconds:.1f} s ({report.phases}); "
           f"compile processes closed in {time.monotonic() - closing:.1f} s; "
           f"results in {db_url}")
+    if (summary := tuner.compile_summary()) is not None:
+        print(prefix + summary)
     if args.dry_run and args.compile_top > 0:
         _print_dry_run(tuner, tasks, args.compile_top)
     return 0

@@ -585,6 +585,15 @@ class Tuner:
         if self._compile_pool is not None:
             self._compile_pool.close()
 
+    def compile_summary(self) -> str | None:
+        """What the compile processes did (none started: ``None``)."""
+        pool = self._compile_pool
+        if pool is None:
+            return None
+        return (f"compiles for the batch timed next: {pool.batch_stats}; ahead: "
+                f"{pool.ahead_stats}; {pool.taken_back} queued ahead, then compiled for "
+                "the batch")
+
     def _study(self, task: TuneTask, key: ProblemKey) -> optuna.Study:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         sampler = optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=SEEDS_FROM_MODEL)

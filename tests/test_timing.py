@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -104,8 +105,54 @@ def test_compile_ahead_once_a_kernel(tmp_path, monkeypatch):
         errors = pool.compile(configs[2:])  # two under way ahead, two not
     compiled = log.read_text().split()[::2]
     assert sorted(compiled) == sorted(c.name for c in configs)  # each exactly once
+    assert pool.ahead_stats.kernels == 4 - pool.taken_back  # the rest: in the batch
+    assert pool.batch_stats.kernels + pool.ahead_stats.kernels == len(configs)
+    assert pool.batch_stats.compiled == pool.ahead_stats.compiled == 0  # slept, no CPU
+    assert 0.19 * len(configs) < pool.batch_stats.wall_s + pool.ahead_stats.wall_s < 3.0
     assert sorted(e.split(":")[0] for e in errors) == sorted(
         c.name for c in configs if c.stages == 2)  # failures compiled ahead are reported
+
+
+def _locked_compile(config_json: str) -> str | None:
+    """Stands in for NVRTC: holds the kernel's host lock (in the test's folder) for 0.3 s,
+    burning CPU for the first 0.15 s of it."""
+    import os
+
+    from nmgen.config import KernelConfig
+
+    name = KernelConfig.from_json(config_json).name
+    with timing.host_lock(name, Path(os.environ["NMGEN_TEST_LOCKS"])):
+        start = time.process_time()
+        while time.process_time() - start < 0.15:
+            pass
+        time.sleep(0.15)
+    return None
+
+
+def test_compile_stats_count_cpu_and_lock_waits(tmp_path, monkeypatch):
+    """Two pools (as two workers of a host) compiling the same kernels at once: each kernel
+    burns CPU once per pool, and the pools' waits for each other's lock add up to about
+    one holder's time per kernel."""
+    import threading
+
+    monkeypatch.setenv("NMGEN_TEST_LOCKS", str(tmp_path))
+    configs = _configs()[:2]
+    pools = [timing.CompilePool(2, compile_one=_locked_compile) for _ in range(2)]
+    for pool in pools:
+        pool._executor().submit(time.sleep, 0).result()  # processes started before timing
+    threads = [threading.Thread(target=p.compile, args=(configs,)) for p in pools]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for pool in pools:
+        pool.close()
+    stats = [p.batch_stats for p in pools]
+    assert [s.kernels for s in stats] == [2, 2] and [s.compiled for s in stats] == [2, 2]
+    assert all(0.15 <= s.cpu_s / s.kernels < 0.3 for s in stats), stats
+    waits = sum(s.lock_wait_s for s in stats)
+    assert 0.2 <= waits < 0.9, stats  # the later holder of each lock waited ~0.3 s
+    assert all(p.ahead_stats.kernels == 0 for p in pools)
 
 
 def test_no_ahead_processes_no_ahead_compiles(tmp_path, monkeypatch):

@@ -9,9 +9,11 @@ import functools
 import math
 import os
 import statistics
+import time
 import types
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -91,16 +93,22 @@ def kernel_cache_dir() -> Path:
     return Path(os.environ.get("CUPY_CACHE_DIR") or Path.home() / ".cupy" / "kernel_cache")
 
 
+_lock_wait_s = 0.0  # this process's time waiting in ``host_lock``, summed
+
+
 @contextlib.contextmanager
 def host_lock(name: str, folder: Path | None = None):
     """Only one process of this host at a time holds ``name``'s lock. Around a kernel's
     compile, the workers of one host (``--devices``), which share CuPy's cache, compile
     each kernel once: the others wait, then find it in the cache (both compiled the seeds
     every study starts with, results/scale_h200x2/README.md)."""
+    global _lock_wait_s
     folder = folder or kernel_cache_dir() / "nmgen-locks"
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / f"{name}.lock", "a") as handle:
+        start = time.perf_counter()
         fcntl.flock(handle, fcntl.LOCK_EX)
+        _lock_wait_s += time.perf_counter() - start
         try:
             yield
         finally:
@@ -200,11 +208,67 @@ def _warm() -> None:
 AHEAD_NICE = 10
 
 
+# A compile that used less CPU than this found its kernel in CuPy's cache (loading and
+# rendering take milliseconds; NVRTC takes 0.5-2 s for these kernels).
+COMPILED_CPU_S = 0.1
+
+
+@dataclass(frozen=True)
+class CompileTime:
+    """One kernel's compile in a compile process."""
+
+    error: str | None
+    cpu_s: float  # this process's CPU time (NVRTC runs in the process)
+    wall_s: float
+    lock_wait_s: float  # waiting for another process compiling the same kernel
+
+
+def _timed(compile_one: Callable[[str], str | None], config_json: str) -> CompileTime:
+    """Worker: ``compile_one`` with its CPU, wall and lock-wait time."""
+    lock_wait, cpu, wall = _lock_wait_s, time.process_time(), time.perf_counter()
+    error = compile_one(config_json)
+    return CompileTime(error, time.process_time() - cpu, time.perf_counter() - wall,
+                       _lock_wait_s - lock_wait)
+
+
+@dataclass
+class CompileStats:
+    """What one pool's processes did (the tuner logs it at the end: where compile time
+    goes when several workers share a host, results/scale_h200x2/README.md)."""
+
+    kernels: int = 0
+    compiled: int = 0  # used NVRTC, not CuPy's cache
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+    lock_wait_s: float = 0.0
+
+    def add(self, record: CompileTime) -> None:
+        self.kernels += 1
+        self.compiled += record.cpu_s >= COMPILED_CPU_S
+        self.cpu_s += record.cpu_s
+        self.wall_s += record.wall_s
+        self.lock_wait_s += record.lock_wait_s
+
+    def __str__(self) -> str:
+        per = f", {self.cpu_s / self.compiled:.2f} CPU-s each" if self.compiled else ""
+        return (f"{self.kernels} kernels, {self.compiled} compiled{per}; {self.cpu_s:.1f} "
+                f"CPU-s in {self.wall_s:.1f} s, {self.lock_wait_s:.1f} s waiting for "
+                "another process compiling the same kernel")
+
+
 def _outcome(name: str, future: Future) -> str | None:
     try:
-        return future.result()
+        return future.result().error
     except Exception as exc:  # the process died: the kernel is reported, not the tuner
         return f"{name}: {type(exc).__name__}: {exc}"
+
+
+def _count_in(stats: CompileStats) -> Callable[[Future], None]:
+    """A done-callback adding a finished compile's times to ``stats``."""
+    def count(future: Future) -> None:
+        if not future.cancelled() and future.exception() is None:
+            stats.add(future.result())
+    return count
 
 
 class CompilePool:
@@ -228,6 +292,7 @@ class CompilePool:
         self._ahead_pool: ProcessPoolExecutor | None = None
         self._ahead: dict[str, Future] = {}
         self.taken_back = 0  # queued ahead, then compiled here before an ahead process began
+        self.batch_stats, self.ahead_stats = CompileStats(), CompileStats()
 
     def compile(self, configs: Sequence[KernelConfig]) -> list[str]:
         """Compile ``configs``; return the errors (empty when none)."""
@@ -238,10 +303,14 @@ class CompilePool:
                 self.taken_back += 1
         waiting = [(c.name, self._ahead[c.name]) for c in configs if c.name in self._ahead]
         jobs = [c.to_json() for c in configs if c.name not in self._ahead]
+        timed = functools.partial(_timed, self._compile_one)
         if self.workers <= 1 or len(jobs) <= 1:
-            errors = list(map(self._compile_one, jobs))
+            records = list(map(timed, jobs))
         else:
-            errors = list(self._executor().map(self._compile_one, jobs))
+            records = list(self._executor().map(timed, jobs))
+        for record in records:
+            self.batch_stats.add(record)
+        errors = [r.error for r in records]
         errors += [_outcome(name, future) for name, future in waiting]
         return [e for e in errors if e]
 
@@ -261,7 +330,9 @@ class CompilePool:
             return 0
         new = [c for c in dict.fromkeys(configs) if c.name not in self._ahead]
         for config in new:
-            self._ahead[config.name] = pool.submit(self._compile_one, config.to_json())
+            future = pool.submit(_timed, self._compile_one, config.to_json())
+            future.add_done_callback(_count_in(self.ahead_stats))
+            self._ahead[config.name] = future
         return len(new)
 
     def _ahead_executor(self) -> ProcessPoolExecutor | None:
