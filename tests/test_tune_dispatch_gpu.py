@@ -39,7 +39,7 @@ def test_seeds_compiled_ahead_and_finalists_timed_again(tuned_db):
     # Each seed queued ahead was compiled there or, not yet started when its study asked
     # for it, taken back and compiled by the study's own pool: none twice, none lost.
     assert queued > 0 and len(ahead) + taken_back == queued
-    assert all(f.done() and f.result() is None for f in ahead.values())
+    assert all(f.done() and f.result().error is None for f in ahead.values())
     assert all("confirm" in r.phases.seconds for r in reports)
 
 
