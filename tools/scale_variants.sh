@@ -6,7 +6,9 @@
 #   tools/scale_variants.sh OUT SHAPES PATTERN TRIALS one:0 all:all all3:all:ahead-workers=3
 #
 # OUT receives LABEL_N.log, LABEL_N_show.txt and walls.txt (a line a run: its wall time
-# and the compile time summed over its workers' studies).
+# and the compile time summed over its workers' studies). The option tree=DIR runs nmgen
+# from another tree (e.g. `git archive REV nmgen templates pyproject.toml | tar -x -C DIR`)
+# instead of this one, for an A/B of two versions on one machine.
 set -euo pipefail
 out=${1:?output folder}; shapes=${2:?shapes}; pattern=${3:?pattern}; trials=${4:?trials}
 shift 4
@@ -20,12 +22,16 @@ for spec in "$@"; do
     n=$((n + 1))
     IFS=: read -r label devices options <<< "$spec"
     extra=()
-    for opt in ${options//,/ }; do extra+=("--${opt%%=*}" "${opt#*=}"); done
+    tree=$PWD
+    for opt in ${options//,/ }; do
+        if [ "${opt%%=*}" = tree ]; then tree=$(cd "${opt#*=}" && pwd); continue; fi
+        extra+=("--${opt%%=*}" "${opt#*=}")
+    done
     name="${label}_$n"
     export CUPY_CACHE_DIR="$work/cupy_$name"
     start=$(date +%s%N)
     set +e
-    python3 -m nmgen.cli tune --gpu "$gpu" --shapes "$shapes" --pattern "$pattern" --vec 32 \
+    PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" python3 -m nmgen.cli tune --gpu "$gpu" --shapes "$shapes" --pattern "$pattern" --vec 32 \
         --trials "$trials" --db "sqlite:///$work/$name.db" --devices "$devices" \
         "${extra[@]}" > "$out/$name.log" 2>&1
     rc=$?
