@@ -1,11 +1,11 @@
 """Tuning workers: one process's walk over the problems, and ``--devices`` (one worker
 process per GPU of this host, all filling the same studies through a shared storage).
 
-Worker ``i`` of ``w`` starts at problem ``i·len/w`` and walks round the list, so the
-workers start on different shapes and then help wherever a study is still short of
-trials; under a time budget, a first pass gives every study one batch before any gets
-more. A worker leaves when every study has its trials; while others still run the last
-ones it waits, failing stale trials (a dead worker's) so that they are redone.
+Each worker walks round the list of problems (``walk_order``), so the workers start on
+different shapes and then help wherever a study is still short of trials; under a time
+budget, a first pass gives every study one batch before any gets more. A worker leaves
+when every study has its trials; while others still run the last ones it waits, failing
+stale trials (a dead worker's) so that they are redone.
 """
 
 from __future__ import annotations
@@ -41,8 +41,7 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
                log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)
                ) -> WorkerReport:
     start = time.monotonic()
-    first = index * len(tasks) // max(count, 1)
-    order = list(tasks[first:]) + list(tasks[:first])
+    order = walk_order(tasks, index, count)
     worked: set[str] = set()
 
     phases = Phases()
@@ -99,6 +98,21 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
                                 time.monotonic() - start, phases)
         if not open_tasks:  # the rest is running elsewhere: wait for it (or its failure)
             time.sleep(POLL_S)
+
+
+def walk_order(tasks: Sequence[TuneTask], index: int, count: int) -> list[TuneTask]:
+    """The order worker ``index`` of ``count`` takes the problems in. Workers go in pairs:
+    the even one walks forward from the start of the pair's share (``2/count`` of the
+    list), the odd one backward from its end, so that they meet in the middle. A shapes
+    file lists related shapes together (M ascending, say), and two workers that start on
+    related shapes compile the same kernels at the same time; started far apart, each
+    compiles what the other will need later (results/scale_h200x2/README.md, run 23)."""
+    size, count = len(tasks), max(count, 1)
+    if index % 2 == 0:
+        first = index * size // count
+        return list(tasks[first:]) + list(tasks[:first])
+    stop = min(index + 1, count) * size // count  # the end of the pair's share
+    return (list(tasks[stop:]) + list(tasks[:stop]))[::-1]
 
 
 def _cross_check(tuner: Tuner, tasks: Sequence[TuneTask], log: Callable[[str], None]) -> None:

@@ -291,3 +291,18 @@ def test_seeds_left_waiting_in_a_full_study_are_given_back():
     (late,) = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.FAIL]
     assert late.user_attrs["surplus"] is True
     assert not study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+
+
+def test_walk_order_pairs_start_at_both_ends_of_their_share():
+    from nmgen.workers import walk_order
+
+    tasks = list(range(20))  # stands for TuneTasks: the order only moves them
+    assert walk_order(tasks, 0, 1) == tasks
+    assert walk_order(tasks, 0, 2) == tasks
+    assert walk_order(tasks, 1, 2) == tasks[::-1]  # meets worker 0 in the middle
+    orders = [walk_order(tasks, i, 4) for i in range(4)]
+    assert all(sorted(o) == tasks for o in orders)  # every worker may reach every study
+    assert [o[0] for o in orders] == [0, 9, 10, 19]  # two pairs, each from both ends
+    assert orders[1][:10] == list(range(9, -1, -1)) and orders[2][:10] == list(range(10, 20))
+    three = [walk_order(tasks, i, 3)[0] for i in range(3)]
+    assert len(set(three)) == 3 and three[0] == 0
