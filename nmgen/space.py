@@ -7,17 +7,14 @@ candidate list and keeps only what ``KernelConfig`` accepts.
 from __future__ import annotations
 
 import functools
-import hashlib
 import itertools
-import os
-import pickle
 import random
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from .config import ALayout, Arch, ATile, ConfigError, KernelConfig
+from .diskcache import cache_file, load_or_build
 
 MS_CHOICES = (16, 32, 64, 128, 256)
 NS_CHOICES = (32, 64, 128, 256, 512)  # 512 halves the A traffic a FLOP of 256
@@ -117,33 +114,14 @@ def enumerate_configs(problem: Problem) -> tuple[KernelConfig, ...]:
     Cached in the process and on disk (``enumeration_cache``): building it took 2.8 s for
     the 43,362 of row-major 8:32 on the dev host, reading it back 0.14 s, and every tuning
     worker needs it before its first study."""
-    path = enumeration_cache(problem)
-    try:
-        configs = pickle.loads(path.read_bytes())
-        if isinstance(configs, tuple):
-            return configs
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, TypeError):
-        pass  # none yet, or unreadable: build it again
-    configs = tuple(_valid_configs(problem))
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_bytes(pickle.dumps(configs, protocol=pickle.HIGHEST_PROTOCOL))
-        partial.replace(path)  # whole or not at all, whichever worker writes last
-    except OSError:
-        pass  # a read-only cache: enumerate every time
-    return configs
+    return load_or_build(enumeration_cache(problem), lambda: tuple(_valid_configs(problem)),
+                         tuple)
 
 
 def enumeration_cache(problem: Problem) -> Path:
-    """Where ``problem``'s enumeration is kept: keyed on the problem, the Python version and
-    the text of the modules that decide which configurations are valid (this one, the
-    configuration's rules, the format's limits), so that changing any of them starts anew."""
-    digest = hashlib.sha256(repr((problem, sys.version_info[:2])).encode())
-    for module in ("space.py", "config.py", "format.py"):
-        digest.update((Path(__file__).parent / module).read_bytes())
-    root = Path(os.environ.get("NMGEN_CACHE_DIR") or Path.home() / ".cache" / "nmgen")
-    return root / "space" / f"{digest.hexdigest()[:32]}.pickle"
+    """Where ``problem``'s enumeration is kept: it depends on this module, the
+    configuration's rules and the format's limits."""
+    return cache_file("space", problem, ("space.py", "config.py", "format.py"))
 
 
 def _valid_configs(problem: Problem) -> Iterator[KernelConfig]:

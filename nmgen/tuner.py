@@ -36,6 +36,7 @@ from .db import (
     trials_of,
     update_times,
 )
+from .diskcache import cache_file, load_or_build
 from .model import GpuSpec, RankTable, estimate, feasible, rank
 from .shapes import shape_distance
 from .space import (
@@ -202,11 +203,21 @@ def _tell(study: optuna.Study, trial: optuna.Trial, value: float, violation: flo
 @functools.lru_cache(maxsize=64)
 def _seed_table(gpu: GpuSpec, problem: Problem, space: SearchSpace) -> RankTable:
     """Where a study's model seeds come from: built once a pattern and layout, ranked for
-    each shape (in a few milliseconds; ranking it afresh took 0.3-0.4 s a study)."""
-    candidates = [c for c in enumerate_configs(problem) if space.contains(c)]
-    if problem.a_layout is ALayout.ROW_MAJOR:  # landing tiles: rarely the best (core grid)
-        candidates = [c for c in candidates if c.a_tile is not ATile.K_MAJOR] or candidates
-    return RankTable(candidates, gpu)
+    each shape (in a few milliseconds; ranking it afresh took 0.3-0.4 s a study). Kept on
+    disk too: building it took ~1 s before every worker's first study."""
+    def build() -> RankTable:
+        candidates = [c for c in enumerate_configs(problem) if space.contains(c)]
+        if problem.a_layout is ALayout.ROW_MAJOR:  # landing tiles: rarely the best
+            candidates = [c for c in candidates if c.a_tile is not ATile.K_MAJOR] or candidates
+        return RankTable(candidates, gpu)
+
+    path = cache_file("rank", (gpu, problem, space), SEED_TABLE_SOURCES)
+    return load_or_build(path, build, RankTable)
+
+
+# What a seed table depends on: the space, the configuration's rules, the format's limits,
+# the model, and the candidate filter above.
+SEED_TABLE_SOURCES = ("space.py", "config.py", "format.py", "model.py", "tuner.py")
 
 
 @functools.lru_cache(maxsize=1024)

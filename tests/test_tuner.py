@@ -193,3 +193,25 @@ def test_cross_check_tries_the_winners_of_shapes_tuned_later(tmp_path):
     assert after.time_ms == min(r.time_ms for r in trials_of(tuner.engine, key))
     tuner.cross_check(first)
     assert len(tried()) == len(untried) + 1
+
+
+def test_seed_table_is_kept_on_disk(tmp_path, monkeypatch):
+    """The model's table of a space is built once a machine and read back by the next
+    process (past the in-process cache here), ranking alike; a broken file is rebuilt."""
+    from nmgen.diskcache import cache_file
+    from nmgen.tuner import SEED_TABLE_SOURCES, _seed_table
+
+    monkeypatch.setenv("NMGEN_CACHE_DIR", str(tmp_path))
+    task = TuneTask(gpu_spec("h100"), 2, 4, 16, ALayout.ROW_MAJOR, 64, 256, 512)
+    build = _seed_table.__wrapped__
+    fresh = build(task.gpu, task.problem, task.space)
+    path = cache_file("rank", (task.gpu, task.problem, task.space), SEED_TABLE_SOURCES)
+    assert path.is_relative_to(tmp_path) and path.exists()
+    for _ in range(2):  # read back; then rebuilt from a broken file
+        again = build(task.gpu, task.problem, task.space)
+        assert again is not fresh and again.configs == fresh.configs
+        assert again.rank(300, 200, 100) == fresh.rank(300, 200, 100)
+        path.write_bytes(b"not a pickle")
+    other = TuneTask(gpu_spec("a100"), 2, 4, 16, ALayout.ROW_MAJOR, 64, 256, 512)
+    assert cache_file("rank", (other.gpu, other.problem, other.space),
+                      SEED_TABLE_SOURCES) != path

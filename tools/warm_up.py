@@ -1,8 +1,9 @@
 """Untimed warm-up before a timed tuning comparison: load what every tuning process loads
 (Python packages, CuPy, the CUDA driver, NVRTC) once, and build the search space's
-on-disk enumeration of each pattern (``space.enumerate_configs``: seconds, once an nmgen
-version), so that the first timed run does not pay a fresh machine's cold start and the
-later runs do not get it for free.
+on-disk enumeration of each pattern and the model's table of it
+(``space.enumerate_configs`` and ``tuner._seed_table``: seconds, once an nmgen version),
+so that the first timed run does not pay a fresh machine's cold start and the later runs
+do not get it for free.
 
     python tools/warm_up.py GPU PATTERN,... [VEC] [LAYOUT]    e.g. h200 8:32 32 rm
 """
@@ -21,7 +22,7 @@ with tempfile.TemporaryDirectory() as cache:
     from nmgen.format import Pattern
     from nmgen.model import gpu_spec
     from nmgen.space import enumerate_configs
-    from nmgen.tuner import TuneTask
+    from nmgen.tuner import SEEDS_FROM_MODEL, TuneTask, model_seeds
 
     try:
         import cupy
@@ -35,4 +36,5 @@ with tempfile.TemporaryDirectory() as cache:
         pattern = Pattern.parse(text)
         task = TuneTask(gpu_spec(gpu), pattern.n, pattern.m, int(vec), ALayout(layout), 1, 1, 1)
         enumerate_configs(task.problem)
+        model_seeds(task, SEEDS_FROM_MODEL)
 print(f"warm-up: {time.monotonic() - start:.1f} s")
