@@ -5,8 +5,9 @@
 #
 #   tools/scale_variants.sh OUT SHAPES PATTERN TRIALS one:0 all:all all3:all:ahead-workers=3
 #
-# OUT receives LABEL_N.log, LABEL_N_show.txt and walls.txt (a line a run: its wall time
-# and the compile time summed over its workers' studies). The option tree=DIR runs nmgen
+# OUT receives LABEL_N.log, LABEL_N_show.txt and walls.txt (a line a run: its wall time,
+# the compile time summed over its workers' studies, and the kernels NVRTC compiled with
+# their mean CPU time, which shows how fast the host ran). The option tree=DIR runs nmgen
 # from another tree (e.g. `git archive REV nmgen templates pyproject.toml | tar -x -C DIR`)
 # instead of this one, for an A/B of two versions on one machine.
 set -euo pipefail
@@ -39,7 +40,11 @@ for spec in "$@"; do
     end=$(date +%s%N)
     compile=$(grep "worked on" "$out/$name.log" | grep -oE "compile [0-9.]+ s" \
               | awk '{s += $2} END {printf "%.1f", s}')
+    # NVRTC's work over both pools of every worker: kernels compiled, CPU seconds.
+    nvrtc=$(grep -hoE "[0-9]+ compiled, [0-9.]+ CPU-s each; [0-9.]+ CPU-s" "$out/$name.log" \
+            | awk '{n += $1; s += $6} END {if (n) printf "%d kernels %.2f CPU-s each", n, s / n}')
     echo "$name devices=$devices options=${options:-none} rc=$rc" \
-         "wall_ms=$(( (end - start) / 1000000 )) compile_sum_s=$compile" | tee -a "$out/walls.txt"
+         "wall_ms=$(( (end - start) / 1000000 )) compile_sum_s=$compile nvrtc=${nvrtc:-none}" \
+        | tee -a "$out/walls.txt"
     python3 -m nmgen.cli show --db "sqlite:///$work/$name.db" > "$out/${name}_show.txt" 2>&1 || true
 done
