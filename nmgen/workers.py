@@ -103,10 +103,12 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
 def walk_order(tasks: Sequence[TuneTask], index: int, count: int) -> list[TuneTask]:
     """The order worker ``index`` of ``count`` takes the problems in. Workers go in pairs:
     the even one walks forward from the start of the pair's share (``2/count`` of the
-    list), the odd one backward from its end, so that they meet in the middle. A shapes
-    file lists related shapes together (M ascending, say), and two workers that start on
-    related shapes compile the same kernels at the same time; started far apart, each
-    compiles what the other will need later (results/scale_h200x2/README.md, run 23)."""
+    list), the odd one backward from its end, so that they meet in the middle (with an
+    odd count the last worker walks its share alone). A shapes file lists related shapes
+    together (M ascending, say); two workers that start on related shapes compile the same
+    kernels side by side. Started at the two ends, two workers compiled about as many
+    kernels as one (results/scale_h200x2/README.md, runs 24 and 25; no wall-time gain
+    was measured, the host's drift being larger)."""
     size, count = len(tasks), max(count, 1)
     if index % 2 == 0:
         first = index * size // count
