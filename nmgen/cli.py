@@ -72,7 +72,8 @@ def _tune(args: argparse.Namespace) -> int:
     from .studies import check_storage, default_storage_url
 
     for option, value, least in (("--compile-workers", args.compile_workers, 1),
-                                 ("--ahead-workers", args.ahead_workers, 0)):
+                                 ("--ahead-workers", args.ahead_workers, 0),
+                                 ("--in-flight", args.in_flight, 1)):
         if value is not None and value < least:
             raise ValueError(f"{option} must be at least {least}, not {value}")
     tasks = _tasks(args)
@@ -104,7 +105,8 @@ def _supervise(args: argparse.Namespace, devices: list[str], db_url: str,
         if math.isfinite(args.time_budget):
             argv += ["--time-budget", str(args.time_budget)]
         for option, value in (("--compile-workers", args.compile_workers),
-                              ("--ahead-workers", args.ahead_workers)):
+                              ("--ahead-workers", args.ahead_workers),
+                              ("--in-flight", args.in_flight)):
             argv += [option, str(value)] if value is not None else []
         return argv + (["--dry-run"] if args.dry_run else [])
 
@@ -134,11 +136,12 @@ def _work(args: argparse.Namespace, tasks: list, db_url: str, storage_url: str) 
     tuner = Tuner(connect(db_url), open_storage(storage_url), trials=args.trials,
                   dry_run=args.dry_run, seed=args.worker_index, workers=workers,
                   ahead_workers=0 if args.dry_run else ahead,
+                  in_flight=args.in_flight or Tuner.in_flight,
                   log=lambda s: print(prefix + s, file=sys.stderr, flush=True))
     if not args.dry_run:
         tuner.log(f"set up {_process_age():.1f} s after the process started; compile "
-                  f"processes: {workers} for the batch timed next, {ahead} for the next "
-                  "studies' seeds")
+                  f"processes: {workers} for the batches timed next, {ahead} for the next "
+                  f"studies' seeds; {tuner.in_flight} studies at once")
     try:
         report = run_worker(tuner, tasks, args.time_budget, args.worker_index,
                             args.worker_count, log=tuner.log)
@@ -460,6 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--ahead-workers", type=int, default=None, metavar="N",
                       help="compile processes a worker gives the next studies' seeds "
                       "(default: the host's spare cores, at most --compile-workers)")
+    tune.add_argument("--in-flight", type=int, default=None, metavar="N",
+                      help="studies a worker keeps going at once, measuring one while "
+                      "another's batch compiles (default 2)")
     tune.add_argument("--worker-index", type=int, default=0,
                       help="this worker's number when several share the studies")
     tune.add_argument("--worker-count", type=int, default=1,

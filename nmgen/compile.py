@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .codegen import KernelSource
+from .diskcache import cache_root
 
 NVCC_OPTIONS = ("-std=c++17", "-O3")
 
@@ -45,8 +46,7 @@ class CompiledKernel:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("NMGEN_CACHE_DIR") or Path.home() / ".cache" / "nmgen"
-    path = Path(root) / "nvcc"
+    path = cache_root() / "nvcc"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -17,7 +17,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -286,8 +286,16 @@ class GpuMeasurer:
         info = device_info()
         return task.key(info.name, info.cuda_version, template_hash())
 
+    def submit(self, configs: list[KernelConfig]) -> Any:
+        """Start compiling ``configs``: a ``CompileBatch``."""
+        return self._pool.submit(configs)
+
+    def take(self, batch: Any) -> None:
+        """Wait for ``batch``; its compile errors are the measurements of those kernels."""
+        self._errors = dict(e.split(": ", 1) for e in batch.errors())
+
     def prepare(self, configs: list[KernelConfig]) -> None:
-        self._errors = dict(e.split(": ", 1) for e in self._pool.compile(configs))
+        self.take(self.submit(configs))
 
     def measure(self, config: KernelConfig, model_ms: float) -> Outcome:
         from .gpu.launch import Kernel
@@ -315,6 +323,25 @@ class GpuMeasurer:
                              rounds=rounds, repeat=repeat)
 
 
+class Compiled:
+    """A batch with nothing to compile (the dry run's)."""
+
+    def done(self) -> bool:
+        return True
+
+    def errors(self) -> list[str]:
+        return []
+
+
+def run_steps(steps: Generator[Any, None, TuneReport]) -> TuneReport:
+    """Run ``Tuner.tune_steps`` to its end, one study alone."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value
+
+
 class ModelMeasurer:
     """The dry run's stand-in: the analytic model's time, no GPU. Recorded with status
     ``model`` under a GPU row of its own, so dispatch never takes it for a measurement."""
@@ -324,6 +351,12 @@ class ModelMeasurer:
 
         self.key = task.key(f"model:{task.gpu.name}", 0, template_hash())
         self._task = task
+
+    def submit(self, configs: list[KernelConfig]) -> Compiled:
+        return Compiled()
+
+    def take(self, batch: Compiled) -> None:
+        pass
 
     def prepare(self, configs: list[KernelConfig]) -> None:
         pass
@@ -388,6 +421,7 @@ class Tuner:
     batch: int = 8
     workers: int = 8
     ahead_workers: int = 0  # compile processes for the next studies' seeds (0: none)
+    in_flight: int = 2  # studies a worker keeps going at once (workers.run_worker)
     dry_run: bool = False
     seed: int = 0
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)
@@ -414,6 +448,15 @@ class Tuner:
         return ModelMeasurer(task) if self.dry_run else GpuMeasurer(task, self._pool())
 
     def tune(self, task: TuneTask, time_budget_s: float = math.inf) -> TuneReport:
+        """Fill ``task``'s study (within ``time_budget_s``, at least one batch)."""
+        return run_steps(self.tune_steps(task, time_budget_s))
+
+    def tune_steps(self, task: TuneTask, time_budget_s: float = math.inf
+                   ) -> Generator[Any, None, TuneReport]:
+        """``tune``, one batch at a time: yields each batch once its kernels are compiling
+        (the object yielded has ``done()``) and, resumed, waits for them, measures and
+        tells Optuna; returns the report. A worker measures one study's batch while
+        another's compiles (``workers.run_worker``)."""
         start = time.monotonic()
         phases = Phases()
         with phases("setup"):
@@ -428,7 +471,7 @@ class Tuner:
             if wanted <= 0:
                 break
             batches += 1
-            self._run_batch(study, task, measurer, wanted, statuses, phases)
+            yield from self._run_batch(study, task, measurer, wanted, statuses, phases)
         measured = statuses.get(TrialStatus.OK, 0) + statuses.get(TrialStatus.MODEL, 0)
         if measured:  # new results here: the finalists may have changed
             with phases("confirm"):
@@ -520,7 +563,7 @@ class Tuner:
         return times
 
     def _run_batch(self, study: optuna.Study, task: TuneTask, measurer, wanted: int,
-                   statuses: dict[str, int], phases: Phases) -> None:
+                   statuses: dict[str, int], phases: Phases) -> Generator[Any, None, None]:
         from .studies import ask, heartbeat, worker_id
 
         with phases("optuna"):
@@ -537,7 +580,10 @@ class Tuner:
             fresh = {c.name: c for c in configs if c is not None and c.name not in known
                      and feasible(c, task.gpu) is None}
             with phases("compile"):
-                measurer.prepare(list(fresh.values()))
+                compiling = measurer.submit(list(fresh.values()))
+            yield compiling
+            with phases("compile"):  # what is left of it once the other studies had a turn
+                measurer.take(compiling)
             for trial, config in zip(asked, configs, strict=True):
                 with phases("measure"):
                     status, value, violation = self._outcome(task, measurer, config, known)

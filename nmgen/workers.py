@@ -16,13 +16,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import optuna
 
 from .studies import fail_orphans, give_back_waiting, open_storage
-from .tuner import AHEAD_STUDIES, Phases, Tuner, TuneTask
+from .tuner import AHEAD_STUDIES, Phases, Tuner, TuneReport, TuneTask
 
 POLL_S = 0.5  # a waiting worker looks again this often
 
@@ -36,54 +37,76 @@ class WorkerReport:
     phases: Phases  # summed over the studies it worked on
 
 
+@dataclass
+class _Flying:
+    """A study under way in this worker: its steps and the batch now compiling."""
+
+    task: TuneTask
+    steps: Generator[Any, None, TuneReport]
+    compiling: Any = None
+
+
+Pick = tuple[TuneTask, float, str, Sequence[TuneTask]]  # task, budget, progress, upcoming
+
+
 def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = math.inf,
                index: int = 0, count: int = 1,
                log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)
                ) -> WorkerReport:
+    """Tune ``tasks`` (with other workers, through the tuner's storage) until every study
+    has its trials or the budget is spent. ``tuner.in_flight`` studies go at once: while
+    one study's batch compiles, another's is measured (tuning waited on compiles for 70 %
+    of its time with one study at a time, results/scale_h200x2/README.md, run 25)."""
     start = time.monotonic()
     order = walk_order(tasks, index, count)
     worked: set[str] = set()
-
     phases = Phases()
     started_ahead = False
 
-    def compile_ahead(upcoming: Sequence[TuneTask]) -> None:
+    def begin(pick: Pick) -> _Flying:
         nonlocal started_ahead
+        task, budget_s, progress, upcoming = pick
         begun = time.monotonic()
         queued = tuner.compile_ahead(upcoming)
         if not started_ahead and queued:  # the first call also starts the processes
             started_ahead = True
             log(f"compile processes started and {queued} kernels queued ahead in "
                 f"{time.monotonic() - begun:.1f} s")
-
-    def tune(task: TuneTask, budget_s: float, progress: str) -> None:
         log(f"[{tasks.index(task) + 1}/{len(tasks)}] {tuner.study_name(task)} "
             f"({progress}, {time.monotonic() - start:.0f} s)")
-        report = tuner.tune(task, time_budget_s=budget_s)
-        for phase, seconds in report.phases.seconds.items():
-            phases.add(phase, seconds)
         worked.add(task.study_name)
+        return _Flying(task, tuner.tune_steps(task, time_budget_s=budget_s))
 
-    if math.isfinite(time_budget_s):
-        # First pass: every study gets its first batch (its seeds) before any gets a
-        # second, so that a tight budget tunes every shape a little, not some shapes well.
-        for i, task in enumerate(order):
-            if time.monotonic() - start >= time_budget_s:
-                break
-            if sum(tuner.open_work(task)) == 0:  # untouched, here or by another worker
-                compile_ahead(order[i:i + 1 + AHEAD_STUDIES])
-                tune(task, 0.0, f"first pass {i + 1}/{len(order)}")
+    def step(study: _Flying) -> bool:
+        """Run ``study`` to its next batch compiling (it goes last in ``flying``);
+        ``False`` once it is done (it leaves)."""
+        flying.remove(study)
+        try:
+            study.compiling = next(study.steps)
+        except StopIteration as stop:
+            busy.discard(study.task.study_name)
+            for phase, seconds in stop.value.phases.seconds.items():
+                phases.add(phase, seconds)
+            return False
+        flying.append(study)
+        return True
+
+    flying: list[_Flying] = []  # oldest batch first
+    busy: set[str] = set()  # their names
+    walk = _walk(tuner, order, time_budget_s, start, busy)
+    paused = False  # the walk found nothing open: asked again once something changed
     while True:
-        open_tasks = [t for t in order if sum(tuner.open_work(t)) < tuner.trials]
-        for i, task in enumerate(open_tasks, 1):
-            left = time_budget_s - (time.monotonic() - start)
-            if left <= 0:
-                break
-            if sum(tuner.open_work(task)) >= tuner.trials:  # filled by others meanwhile
-                continue
-            done = len(tasks) - len(open_tasks) + i - 1
-            compile_ahead(open_tasks[i - 1:i + AHEAD_STUDIES])
-            tune(task, left / (len(open_tasks) - i + 1), f"{done} of {len(tasks)} done or taken")
+        while len(flying) < max(1, tuner.in_flight) and not paused:
+            pick = next(walk)
+            paused = pick is None
+            if pick is not None:
+                flying.append(begin(pick))
+                busy.add(flying[-1].task.study_name)
+                step(flying[-1])
+        if flying:  # a batch compiled (else the oldest, waited for) is measured
+            ended = not step(next((f for f in flying if f.compiling.done()), flying[0]))
+            paused = paused and not ended
+            continue
         unfinished = [t for t in order if tuner.open_work(t)[0] < tuner.trials]
         out_of_time = time.monotonic() - start >= time_budget_s
         if not unfinished or out_of_time:
@@ -96,8 +119,37 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
                     _cross_check(tuner, [t for t in order if t.study_name in worked], log)
             return WorkerReport(len(worked), len(tasks) - len(unfinished), len(tasks),
                                 time.monotonic() - start, phases)
-        if not open_tasks:  # the rest is running elsewhere: wait for it (or its failure)
-            time.sleep(POLL_S)
+        time.sleep(POLL_S)  # the rest is running elsewhere: wait for it (or its failure)
+        paused = False
+
+
+def _walk(tuner: Tuner, order: Sequence[TuneTask], time_budget_s: float, start: float,
+          busy: set[str]) -> Iterator[Pick | None]:
+    """The studies to work on, in passes over ``order``: the next one open (short of
+    trials, not in ``busy``, the names of those under way here) or ``None`` at the end of
+    a pass, to be asked again once something changed. Under a time budget a first
+    pass gives every untouched study one batch before any gets a second, so that a tight
+    budget tunes every shape a little, not some shapes well."""
+    if math.isfinite(time_budget_s):
+        for i, task in enumerate(order):
+            if time.monotonic() - start >= time_budget_s:
+                break
+            if task.study_name not in busy and sum(tuner.open_work(task)) == 0:
+                yield task, 0.0, f"first pass {i + 1}/{len(order)}", order[i:i + 1 + AHEAD_STUDIES]
+    while True:
+        open_tasks = [t for t in order if t.study_name not in busy
+                      and sum(tuner.open_work(t)) < tuner.trials]
+        for i, task in enumerate(open_tasks, 1):
+            left = time_budget_s - (time.monotonic() - start)
+            if left <= 0:
+                break
+            if task.study_name in busy or sum(tuner.open_work(task)) >= tuner.trials:
+                continue  # filled by others meanwhile
+            done = len(order) - len(open_tasks) + i - 1
+            yield (task, left / (len(open_tasks) - i + 1),
+                          f"{done} of {len(order)} done or taken",
+                          open_tasks[i - 1:i + AHEAD_STUDIES])
+        yield None
 
 
 def walk_order(tasks: Sequence[TuneTask], index: int, count: int) -> list[TuneTask]:

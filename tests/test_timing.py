@@ -155,6 +155,23 @@ def test_compile_stats_count_cpu_and_lock_waits(tmp_path, monkeypatch):
     assert all(p.ahead_stats.kernels == 0 for p in pools)
 
 
+def test_submit_returns_while_the_batch_compiles(tmp_path, monkeypatch):
+    """A batch submitted is under way, not done; its errors come once it is (a worker
+    measures another study's batch meanwhile)."""
+    log = tmp_path / "compiled.txt"
+    monkeypatch.setenv("NMGEN_TEST_COMPILE_LOG", str(log))
+    configs = _configs()
+    with timing.CompilePool(3, compile_one=_fake_compile) as pool:
+        pool._executor().submit(time.sleep, 0).result()  # processes started
+        begun = time.perf_counter()
+        batch = pool.submit(configs[:3])
+        assert time.perf_counter() - begun < 0.1 and not batch.done()
+        errors = batch.errors()
+        assert batch.done() and 0.19 < time.perf_counter() - begun < 1.5
+    assert [e.split(":")[0] for e in errors] == [c.name for c in configs[:3] if c.stages == 2]
+    assert pool.batch_stats.kernels == 3
+
+
 def test_no_ahead_processes_no_ahead_compiles(tmp_path, monkeypatch):
     log = tmp_path / "compiled.txt"
     monkeypatch.setenv("NMGEN_TEST_COMPILE_LOG", str(log))

@@ -276,6 +276,34 @@ def test_under_a_budget_every_study_gets_its_first_batch_before_any_its_second(t
     assert max(first for first, _ in starts.values()) < min(second for _, second in starts.values())
 
 
+@pytest.mark.parametrize("in_flight", [1, 2])
+def test_a_worker_keeps_in_flight_studies_going_at_once(tmp_path, in_flight):
+    """With two studies at once, the second starts before the first is done (its batches
+    are measured while the other's compile); each still gets exactly its trials."""
+    from nmgen.config import ALayout
+    from nmgen.model import gpu_spec
+    from nmgen.tuner import Tuner, TuneTask
+    from nmgen.workers import run_worker
+
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    storage = open_storage(f"journal:{tmp_path / 'studies.journal'}")
+    tuner = Tuner(connect(url), storage, trials=24, batch=8, dry_run=True,
+                  in_flight=in_flight, log=lambda s: None)
+    tasks = [TuneTask(gpu_spec("h100"), 2, 4, 16, ALayout.ROW_MAJOR, m, 256, 512)
+             for m in (32, 64, 128, 256)]
+    report = run_worker(tuner, tasks, log=lambda s: None)
+    assert report.complete == report.studies == len(tasks)
+    spans = []
+    for task in tasks:
+        study = optuna.load_study(study_name=tuner.study_name(task), storage=storage)
+        done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+        assert len(done) == len(study.trials) == 24
+        spans.append((min(t.datetime_start for t in done),
+                      max(t.datetime_complete for t in done)))
+    overlaps = [spans[i + 1][0] < spans[i][1] for i in range(len(spans) - 1)]
+    assert overlaps == [in_flight > 1] * (len(tasks) - 1), spans
+
+
 def test_seeds_left_waiting_in_a_full_study_are_given_back():
     """A seed enqueued once a study already had its trials is failed unmeasured (marked
     surplus); in a study still short of trials it stays for the next ask."""

@@ -271,6 +271,21 @@ def _count_in(stats: CompileStats) -> Callable[[Future], None]:
     return count
 
 
+@dataclass
+class CompileBatch:
+    """A batch of kernels under way in a ``CompilePool`` (some of them perhaps compiled
+    ahead): ``done`` asks, ``errors`` waits."""
+
+    futures: list[tuple[str, Future]]  # (kernel name, its compile)
+
+    def done(self) -> bool:
+        return all(future.done() for _, future in self.futures)
+
+    def errors(self) -> list[str]:
+        """Wait for every kernel; the errors (empty when none)."""
+        return [e for name, future in self.futures if (e := _outcome(name, future))]
+
+
 class CompilePool:
     """Worker processes that compile through NVRTC ahead of timing, started once and
     reused (starting a process that imports CuPy costs seconds).
@@ -296,23 +311,30 @@ class CompilePool:
 
     def compile(self, configs: Sequence[KernelConfig]) -> list[str]:
         """Compile ``configs``; return the errors (empty when none)."""
+        return self.submit(configs).errors()
+
+    def submit(self, configs: Sequence[KernelConfig]) -> CompileBatch:
+        """Start compiling ``configs`` and return at once: the tuner measures another
+        study's batch meanwhile (``workers.run_worker``)."""
         for config in configs:  # queued ahead but not started: compiled here instead
             future = self._ahead.get(config.name)
             if future is not None and future.cancel():
                 del self._ahead[config.name]
                 self.taken_back += 1
         waiting = [(c.name, self._ahead[c.name]) for c in configs if c.name in self._ahead]
-        jobs = [c.to_json() for c in configs if c.name not in self._ahead]
         timed = functools.partial(_timed, self._compile_one)
-        if self.workers <= 1 or len(jobs) <= 1:
-            records = list(map(timed, jobs))
-        else:
-            records = list(self._executor().map(timed, jobs))
-        for record in records:
-            self.batch_stats.add(record)
-        errors = [r.error for r in records]
-        errors += [_outcome(name, future) for name, future in waiting]
-        return [e for e in errors if e]
+        jobs = []
+        for config in configs:
+            if config.name in self._ahead:
+                continue
+            if self.workers <= 1:  # no processes: compiled here, before this returns
+                future: Future = Future()
+                future.set_result(timed(config.to_json()))
+            else:
+                future = self._executor().submit(timed, config.to_json())
+            future.add_done_callback(_count_in(self.batch_stats))
+            jobs.append((config.name, future))
+        return CompileBatch(jobs + waiting)
 
     def start(self) -> None:
         """Start every process now (each loads CuPy, seconds), so that this overlaps with
