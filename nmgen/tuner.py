@@ -421,7 +421,7 @@ class Tuner:
     batch: int = 8
     workers: int = 8
     ahead_workers: int = 0  # compile processes for the next studies' seeds (0: none)
-    in_flight: int = 2  # studies a worker keeps going at once (workers.run_worker)
+    in_flight: int = 3  # studies a worker keeps going at once (workers.run_worker)
     dry_run: bool = False
     seed: int = 0
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)
