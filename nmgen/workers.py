@@ -84,7 +84,6 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
         try:
             study.compiling = next(study.steps)
         except StopIteration as stop:
-            busy.discard(study.task.study_name)
             for phase, seconds in stop.value.phases.seconds.items():
                 phases.add(phase, seconds)
             return False
@@ -92,8 +91,8 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
         return True
 
     flying: list[_Flying] = []  # oldest batch first
-    busy: set[str] = set()  # their names
-    walk = _walk(tuner, order, time_budget_s, start, busy)
+    walk = _walk(tuner, order, time_budget_s, start,
+                 lambda: {f.task.study_name for f in flying})
     paused = False  # the walk found nothing open: asked again once something changed
     while True:
         while len(flying) < max(1, tuner.in_flight) and not paused:
@@ -101,7 +100,6 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
             paused = pick is None
             if pick is not None:
                 flying.append(begin(pick))
-                busy.add(flying[-1].task.study_name)
                 step(flying[-1])
         if flying:  # a batch compiled (else the oldest, waited for) is measured
             ended = not step(next((f for f in flying if f.compiling.done()), flying[0]))
@@ -124,26 +122,27 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
 
 
 def _walk(tuner: Tuner, order: Sequence[TuneTask], time_budget_s: float, start: float,
-          busy: set[str]) -> Iterator[Pick | None]:
+          busy: Callable[[], set[str]]) -> Iterator[Pick | None]:
     """The studies to work on, in passes over ``order``: the next one open (short of
-    trials, not in ``busy``, the names of those under way here) or ``None`` at the end of
-    a pass, to be asked again once something changed. Under a time budget a first
+    trials, not among ``busy()``, the names of those under way here) or ``None`` at the
+    end of a pass, to be asked again once something changed. Under a time budget a first
     pass gives every untouched study one batch before any gets a second, so that a tight
     budget tunes every shape a little, not some shapes well."""
     if math.isfinite(time_budget_s):
         for i, task in enumerate(order):
             if time.monotonic() - start >= time_budget_s:
                 break
-            if task.study_name not in busy and sum(tuner.open_work(task)) == 0:
+            if task.study_name not in busy() and sum(tuner.open_work(task)) == 0:
                 yield task, 0.0, f"first pass {i + 1}/{len(order)}", order[i:i + 1 + AHEAD_STUDIES]
     while True:
-        open_tasks = [t for t in order if t.study_name not in busy
+        here = busy()
+        open_tasks = [t for t in order if t.study_name not in here
                       and sum(tuner.open_work(t)) < tuner.trials]
         for i, task in enumerate(open_tasks, 1):
             left = time_budget_s - (time.monotonic() - start)
             if left <= 0:
                 break
-            if task.study_name in busy or sum(tuner.open_work(task)) >= tuner.trials:
+            if task.study_name in busy() or sum(tuner.open_work(task)) >= tuner.trials:
                 continue  # filled by others meanwhile
             done = len(order) - len(open_tasks) + i - 1
             yield (task, left / (len(open_tasks) - i + 1),
