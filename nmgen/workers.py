@@ -148,7 +148,27 @@ def _walk(tuner: Tuner, order: Sequence[TuneTask], time_budget_s: float, start: 
             yield (task, left / (len(open_tasks) - i + 1),
                           f"{done} of {len(order)} done or taken",
                           open_tasks[i - 1:i + AHEAD_STUDIES])
+        yield from _joins(tuner, order, time_budget_s, start, busy)
         yield None
+
+
+def _joins(tuner: Tuner, order: Sequence[TuneTask], time_budget_s: float, start: float,
+           busy: Callable[[], set[str]]) -> Iterator[Pick]:
+    """Nothing else is open: the studies under way here that still have trials to ask,
+    most first, each again while it has (the caller stops asking once its studies at once
+    are going). Their batches then run side by side, as two workers' batches of one study
+    do, instead of one after another at the end of the run (a study's last batches were
+    the tail of a run: results/scale_h200x2/README.md, run 26)."""
+    def unasked(task: TuneTask) -> int:
+        return tuner.trials - sum(tuner.open_work(task))
+
+    here = busy()
+    for task in sorted((t for t in order if t.study_name in here), key=unasked, reverse=True):
+        for _ in range(max(1, tuner.in_flight)):
+            left = time_budget_s - (time.monotonic() - start)
+            if left <= 0 or unasked(task) <= 0:
+                break
+            yield task, left, "another batch of a study under way here", ()
 
 
 def walk_order(tasks: Sequence[TuneTask], index: int, count: int) -> list[TuneTask]:

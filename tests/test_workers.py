@@ -304,6 +304,28 @@ def test_a_worker_keeps_in_flight_studies_going_at_once(tmp_path, in_flight):
     assert overlaps == [in_flight > 1] * (len(tasks) - 1), spans
 
 
+@pytest.mark.parametrize("in_flight", [1, 3])
+def test_a_study_left_alone_gets_its_batches_side_by_side(tmp_path, in_flight):
+    """With nothing else open, a worker asks a study it has under way for more batches at
+    once (up to its studies at once); the study still gets exactly its trials."""
+    from nmgen.config import ALayout
+    from nmgen.model import gpu_spec
+    from nmgen.tuner import Tuner, TuneTask
+    from nmgen.workers import run_worker
+
+    storage = open_storage(f"journal:{tmp_path / 'studies.journal'}")
+    tuner = Tuner(connect(f"sqlite:///{tmp_path / 'tuned.db'}"), storage, trials=24, batch=8,
+                  dry_run=True, in_flight=in_flight, log=lambda s: None)
+    task = TuneTask(gpu_spec("h100"), 2, 4, 16, ALayout.ROW_MAJOR, 64, 256, 512)
+    report = run_worker(tuner, [task], log=lambda s: None)
+    assert report.complete == 1
+    study = optuna.load_study(study_name=tuner.study_name(task), storage=storage)
+    trials = sorted(study.trials, key=lambda t: t.number)
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 24
+    # the third batch is asked before the first is told when three may go at once
+    assert (trials[16].datetime_start < trials[0].datetime_complete) == (in_flight == 3)
+
+
 def test_seeds_left_waiting_in_a_full_study_are_given_back():
     """A seed enqueued once a study already had its trials is failed unmeasured (marked
     surplus); in a study still short of trials it stays for the next ask."""
