@@ -23,7 +23,7 @@ from .shapes import Shape
 from .studies import open_storage
 from .tuner import (
     INFEASIBLE_MS,
-    Compiled,
+    Measurer,
     Outcome,
     Tuner,
     TuneTask,
@@ -70,23 +70,15 @@ class MissingRecord(KeyError):
     """The search asked for a configuration the exhaustive table lacks."""
 
 
-class ReplayMeasurer:
-    """Looks configurations up in ``table``; recorded under a GPU row of its own."""
+class ReplayMeasurer(Measurer):
+    """Looks configurations up in ``table`` (nothing to compile); recorded under a GPU row
+    of its own."""
 
     def __init__(self, task: TuneTask, table: Table, device: str):
         from .dispatch import template_hash
 
         self.key = task.key(f"replay:{device}", 0, template_hash())
         self._table = table
-
-    def submit(self, configs: list[KernelConfig]) -> Compiled:
-        return Compiled()  # nothing to compile: the table holds the times
-
-    def take(self, batch: Compiled) -> None:
-        pass
-
-    def prepare(self, configs: list[KernelConfig]) -> None:
-        pass
 
     def measure(self, config: KernelConfig, model_ms: float) -> Outcome:
         record = self._table.get(config.name)

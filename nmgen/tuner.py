@@ -255,7 +255,35 @@ def model_seeds(task: TuneTask, count: int) -> tuple[KernelConfig, ...]:
 Outcome = tuple[str, float, "str | None"]
 
 
-class GpuMeasurer:
+class Compiled:
+    """A batch with nothing to compile (the dry run's, a replay's)."""
+
+    def done(self) -> bool:
+        return True
+
+    def errors(self) -> list[str]:
+        return []
+
+
+class Measurer:
+    """What the tuner asks of a measurer, less ``measure`` and ``retime``: by default
+    there is nothing to compile. ``submit`` starts a batch's compiles and returns what
+    ``done()`` says when they are over; ``take`` waits for them."""
+
+    key: ProblemKey
+
+    def submit(self, configs: list[KernelConfig]) -> Any:
+        return Compiled()
+
+    def take(self, batch: Any) -> None:
+        pass
+
+    def prepare(self, configs: list[KernelConfig]) -> None:
+        """Compile ``configs`` before they are measured outside a batch."""
+        self.take(self.submit(configs))
+
+
+class GpuMeasurer(Measurer):
     """Compile a batch in the process pool, then check each kernel against float64 once
     and time it with CUDA events on this process's GPU."""
 
@@ -294,9 +322,6 @@ class GpuMeasurer:
         """Wait for ``batch``; its compile errors are the measurements of those kernels."""
         self._errors = dict(e.split(": ", 1) for e in batch.errors())
 
-    def prepare(self, configs: list[KernelConfig]) -> None:
-        self.take(self.submit(configs))
-
     def measure(self, config: KernelConfig, model_ms: float) -> Outcome:
         from .gpu.launch import Kernel
         from .results import RTOL
@@ -323,16 +348,6 @@ class GpuMeasurer:
                              rounds=rounds, repeat=repeat)
 
 
-class Compiled:
-    """A batch with nothing to compile (the dry run's)."""
-
-    def done(self) -> bool:
-        return True
-
-    def errors(self) -> list[str]:
-        return []
-
-
 def run_steps(steps: Generator[Any, None, TuneReport]) -> TuneReport:
     """Run ``Tuner.tune_steps`` to its end, one study alone."""
     while True:
@@ -342,7 +357,7 @@ def run_steps(steps: Generator[Any, None, TuneReport]) -> TuneReport:
             return stop.value
 
 
-class ModelMeasurer:
+class ModelMeasurer(Measurer):
     """The dry run's stand-in: the analytic model's time, no GPU. Recorded with status
     ``model`` under a GPU row of its own, so dispatch never takes it for a measurement."""
 
@@ -351,15 +366,6 @@ class ModelMeasurer:
 
         self.key = task.key(f"model:{task.gpu.name}", 0, template_hash())
         self._task = task
-
-    def submit(self, configs: list[KernelConfig]) -> Compiled:
-        return Compiled()
-
-    def take(self, batch: Compiled) -> None:
-        pass
-
-    def prepare(self, configs: list[KernelConfig]) -> None:
-        pass
 
     def measure(self, config: KernelConfig, model_ms: float) -> Outcome:
         return TrialStatus.MODEL, model_ms, None
