@@ -465,7 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "(default: the host's spare cores, at most --compile-workers)")
     tune.add_argument("--in-flight", type=int, default=None, metavar="N",
                       help="studies a worker keeps going at once, measuring one while "
-                      "another's batch compiles (default 3)")
+                      "another's batch compiles (default 8)")
     tune.add_argument("--worker-index", type=int, default=0,
                       help="this worker's number when several share the studies")
     tune.add_argument("--worker-count", type=int, default=1,

@@ -427,7 +427,9 @@ class Tuner:
     batch: int = 8
     workers: int = 8
     ahead_workers: int = 0  # compile processes for the next studies' seeds (0: none)
-    in_flight: int = 3  # studies a worker keeps going at once (workers.run_worker)
+    # Studies a worker keeps going at once (workers.run_worker): eight took 0.78 of three's
+    # wall on the H100 (results/tune_speed_h100/README.md, run 12); more gained nothing.
+    in_flight: int = 8
     dry_run: bool = False
     seed: int = 0
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)
