@@ -172,6 +172,25 @@ def test_submit_returns_while_the_batch_compiles(tmp_path, monkeypatch):
     assert pool.batch_stats.kernels == 3
 
 
+def test_batches_that_want_one_kernel_share_its_compile(tmp_path, monkeypatch):
+    """Two studies' batches at once asking for some of the same kernels: each kernel is
+    compiled once, and both batches wait for it and see its error."""
+    log = tmp_path / "compiled.txt"
+    monkeypatch.setenv("NMGEN_TEST_COMPILE_LOG", str(log))
+    configs = _configs()
+    with timing.CompilePool(4, compile_one=_fake_compile) as pool:
+        first = pool.submit(configs[:4])
+        second = pool.submit(configs[2:])  # two of them under way for the first batch
+        errors = [first.errors(), second.errors()]
+        third = pool.submit(configs[:1])  # compiled already: nothing started again
+        assert third.done() and third.errors() == []
+    compiled = log.read_text().split()[::2]
+    assert sorted(compiled) == sorted(c.name for c in configs)  # each exactly once
+    assert pool.batch_stats.kernels == len(configs)
+    assert [sorted(e.split(":")[0] for e in batch) for batch in errors] == [
+        sorted(c.name for c in part if c.stages == 2) for part in (configs[:4], configs[2:])]
+
+
 def test_no_ahead_processes_no_ahead_compiles(tmp_path, monkeypatch):
     log = tmp_path / "compiled.txt"
     monkeypatch.setenv("NMGEN_TEST_COMPILE_LOG", str(log))

@@ -263,6 +263,11 @@ def _outcome(name: str, future: Future) -> str | None:
         return f"{name}: {type(exc).__name__}: {exc}"
 
 
+def _failed(future: Future) -> bool:
+    """Whether ``future`` ended without a result (its process died, or it was cancelled)."""
+    return future.done() and (future.cancelled() or future.exception() is not None)
+
+
 def _count_in(stats: CompileStats) -> Callable[[Future], None]:
     """A done-callback adding a finished compile's times to ``stats``."""
     def count(future: Future) -> None:
@@ -293,9 +298,9 @@ class CompilePool:
     ``ahead_workers`` more processes compile what is needed next (``ahead``: the seeds of
     the studies after the current one) while the current study is compiled and timed:
     tuning is compile-bound and one study's batch leaves most of the host's cores idle.
-    ``compile`` waits for a kernel already under way ahead instead of compiling it twice,
-    and takes back the ones still queued there, so that a study's first batch, queued
-    ahead, gets both pools' processes.
+    ``compile`` waits for a kernel already under way ahead, or for another batch, instead
+    of compiling it twice, and takes back the ones still queued ahead, so that a study's
+    first batch, queued ahead, gets both pools' processes.
     """
 
     def __init__(self, workers: int = 8, ahead_workers: int = 0,
@@ -306,6 +311,11 @@ class CompilePool:
         self._pool: ProcessPoolExecutor | None = None
         self._ahead_pool: ProcessPoolExecutor | None = None
         self._ahead: dict[str, Future] = {}
+        # Every batch compile by kernel name: a batch that wants a kernel another batch is
+        # compiling (several studies at once) waits for that compile instead of starting a
+        # second one, which would hold a process on the kernel's host lock (3.9-6.3 s a run,
+        # results/scale_h200x2/README.md, run 26; 26 s in a full tune).
+        self._batches: dict[str, Future] = {}
         self.taken_back = 0  # queued ahead, then compiled here before an ahead process began
         self.batch_stats, self.ahead_stats = CompileStats(), CompileStats()
 
@@ -327,14 +337,21 @@ class CompilePool:
         for config in configs:
             if config.name in self._ahead:
                 continue
-            if self.workers <= 1:  # no processes: compiled here, before this returns
-                future: Future = Future()
-                future.set_result(timed(config.to_json()))
-            else:
-                future = self._executor().submit(timed, config.to_json())
-            future.add_done_callback(_count_in(self.batch_stats))
+            future = self._batches.get(config.name)
+            if future is None or _failed(future):  # a process that died: tried again
+                future = self._start(timed, config)
+                self._batches[config.name] = future
             jobs.append((config.name, future))
         return CompileBatch(jobs + waiting)
+
+    def _start(self, timed: Callable[[str], CompileTime], config: KernelConfig) -> Future:
+        if self.workers <= 1:  # no processes: compiled here, before this returns
+            future: Future = Future()
+            future.set_result(timed(config.to_json()))
+        else:
+            future = self._executor().submit(timed, config.to_json())
+        future.add_done_callback(_count_in(self.batch_stats))
+        return future
 
     def start(self) -> None:
         """Start every process now (each loads CuPy, seconds), so that this overlaps with
@@ -384,6 +401,7 @@ class CompilePool:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+            self._batches.clear()
         if self._ahead_pool is not None:
             self._ahead_pool.shutdown(cancel_futures=True)
             self._ahead_pool = None
