@@ -39,6 +39,19 @@ def test_round_trip_and_deterministic_winner(db):
     assert rows[0]["tflops"] == pytest.approx(2 * 1024 * 4096 * 4096 / 1.0 / 1e9)
 
 
+def test_sqlite_databases_log_ahead_and_sync_at_checkpoints(db):
+    """Every connection to a SQLite file is in WAL mode with synchronous=NORMAL (1): the
+    tuner commits a row a kernel, several workers at once."""
+    from sqlalchemy import text
+
+    engine = connect(db)
+    for _ in range(2):  # each new connection, not only the first
+        with engine.connect() as conn:
+            assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+            assert conn.execute(text("PRAGMA synchronous")).scalar() == 1
+        engine.dispose()
+
+
 def test_the_core_kernel_wins_within_timing_noise(tmp_path):
     from nmgen.config import ALayout, Arch
     from nmgen.db import CORE_TIE
