@@ -178,12 +178,13 @@ def test_batches_that_want_one_kernel_share_its_compile(tmp_path, monkeypatch):
     log = tmp_path / "compiled.txt"
     monkeypatch.setenv("NMGEN_TEST_COMPILE_LOG", str(log))
     configs = _configs()
-    with timing.CompilePool(4, compile_one=_fake_compile) as pool:
+    with timing.CompilePool(4, ahead_workers=1, compile_one=_fake_compile) as pool:
         first = pool.submit(configs[:4])
         second = pool.submit(configs[2:])  # two of them under way for the first batch
         errors = [first.errors(), second.errors()]
         third = pool.submit(configs[:1])  # compiled already: nothing started again
         assert third.done() and third.errors() == []
+        assert pool.ahead(configs) == 0  # all compiled for batches: none queued ahead
     compiled = log.read_text().split()[::2]
     assert sorted(compiled) == sorted(c.name for c in configs)  # each exactly once
     assert pool.batch_stats.kernels == len(configs)

@@ -363,11 +363,12 @@ class CompilePool:
 
     def ahead(self, configs: Sequence[KernelConfig]) -> int:
         """Queue ``configs`` for the ahead processes (none: nothing happens); returns how
-        many were new."""
+        many were new (neither queued ahead nor compiled for a batch before)."""
         pool = self._ahead_executor()
         if pool is None:
             return 0
-        new = [c for c in dict.fromkeys(configs) if c.name not in self._ahead]
+        new = [c for c in dict.fromkeys(configs)
+               if c.name not in self._ahead and c.name not in self._batches]
         for config in new:
             future = pool.submit(_timed, self._compile_one, config.to_json())
             future.add_done_callback(_count_in(self.ahead_stats))
