@@ -132,17 +132,16 @@ def _walk(tuner: Tuner, order: Sequence[TuneTask], time_budget_s: float, start: 
         for i, task in enumerate(order):
             if time.monotonic() - start >= time_budget_s:
                 break
-            if task.study_name not in busy() and sum(tuner.open_work(task)) == 0:
+            if task.study_name not in busy() and _unasked(tuner, task) == tuner.trials:
                 yield task, 0.0, f"first pass {i + 1}/{len(order)}", order[i:i + 1 + AHEAD_STUDIES]
     while True:
         here = busy()
-        open_tasks = [t for t in order if t.study_name not in here
-                      and sum(tuner.open_work(t)) < tuner.trials]
+        open_tasks = [t for t in order if t.study_name not in here and _unasked(tuner, t) > 0]
         for i, task in enumerate(open_tasks, 1):
             left = time_budget_s - (time.monotonic() - start)
             if left <= 0:
                 break
-            if task.study_name in busy() or sum(tuner.open_work(task)) >= tuner.trials:
+            if task.study_name in busy() or _unasked(tuner, task) <= 0:
                 continue  # filled by others meanwhile
             done = len(order) - len(open_tasks) + i - 1
             yield (task, left / (len(open_tasks) - i + 1),
@@ -159,16 +158,20 @@ def _joins(tuner: Tuner, order: Sequence[TuneTask], time_budget_s: float, start:
     are going). Their batches then run side by side, as two workers' batches of one study
     do, instead of one after another at the end of the run (a study's last batches were
     the tail of a run: results/scale_h200x2/README.md, run 26)."""
-    def unasked(task: TuneTask) -> int:
-        return tuner.trials - sum(tuner.open_work(task))
-
     here = busy()
-    for task in sorted((t for t in order if t.study_name in here), key=unasked, reverse=True):
+    for task in sorted((t for t in order if t.study_name in here),
+                       key=lambda t: _unasked(tuner, t), reverse=True):
         for _ in range(max(1, tuner.in_flight)):
             left = time_budget_s - (time.monotonic() - start)
-            if left <= 0 or unasked(task) <= 0:
+            if left <= 0 or _unasked(tuner, task) <= 0:
                 break
             yield task, left, "another batch of a study under way here", ()
+
+
+def _unasked(tuner: Tuner, task: TuneTask) -> int:
+    """Trials of ``task``'s study that no worker has asked for yet (neither complete nor
+    running)."""
+    return tuner.trials - sum(tuner.open_work(task))
 
 
 def walk_order(tasks: Sequence[TuneTask], index: int, count: int) -> list[TuneTask]:
