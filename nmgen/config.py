@@ -64,7 +64,11 @@ REGISTERS_PER_SM = 65536
 
 
 # Parameters that came after the first tuned kernels, with the default that reproduces them.
-LATER_PARAMETERS: dict[str, Any] = {"slice_k": 1, "stream_k": False}
+LATER_PARAMETERS: dict[str, Any] = {"slice_k": 1, "stream_k": False, "tma": False}
+# The bulk copy engine's limits (PTX cp.async.bulk.tensor): box sides, and the shared-memory
+# alignment of a tensor copy's destination.
+TMA_MAX_BOX = 256
+TMA_ALIGN_WORDS = 32  # 128 bytes
 
 
 class ConfigError(ValueError):
@@ -88,6 +92,7 @@ class KernelConfig:
     split_k: int = 1
     slice_k: int = 1  # warp groups of a block that split each stage's rows (sliced K)
     stream_k: bool = False  # a persistent grid shares the last waves' stages out evenly
+    tma: bool = False  # a stage's tiles copied by the bulk copy engine (sm_90), not cp.async
     a_layout: ALayout = ALayout.ROW_MAJOR
     a_tile: ATile = ATile.K_MAJOR
     arch: Arch = Arch.SM90
@@ -105,6 +110,7 @@ class KernelConfig:
                     raise ConfigError(f"{name}={value!r}: expected one of {allowed}") from None
         object.__setattr__(self, "packing", bool(self.packing))
         object.__setattr__(self, "stream_k", bool(self.stream_k))
+        object.__setattr__(self, "tma", bool(self.tma))
         for rule, ok in self._rules():
             if not ok:
                 raise ConfigError(f"{self.name}: violates rule '{rule}'")
@@ -289,8 +295,13 @@ class KernelConfig:
 
     @property
     def pos_words(self) -> int:
-        """int32 words of the per-stage index table (A-tile row of every kept row), 16-B padded."""
-        return -(-self.block_groups * self.ws // 4) * 4
+        """int32 words of the per-stage index table (A-tile row of every kept row), 16-B
+        padded; with TMA padded further, so that every stage buffer starts 128-B aligned."""
+        words = -(-self.block_groups * self.ws // 4) * 4
+        if self.tma:
+            tiles = self.a_words + self.ws * self.ns + words
+            words += -tiles % TMA_ALIGN_WORDS
+        return words
 
     @property
     def stage_words(self) -> tuple[int, int, int]:
@@ -308,12 +319,17 @@ class KernelConfig:
         reduction reuses once the main loop is done (and stream-K's state)."""
         pipeline = (self.stages * sum(self.stage_words) + self.landing_tiles * self.landing_words
                     + self.compute_tiles * self.a_words)
-        return 4 * max(pipeline, self.reduce_words) + self.stream_state_bytes
+        return 4 * max(pipeline, self.reduce_words) + self.stream_state_bytes + self.barrier_bytes
 
     @property
     def stream_state_bytes(self) -> int:
         """Shared memory past the pipeline where a stream-K block keeps its walk's state."""
         return 16 if self.stream_k else 0
+
+    @property
+    def barrier_bytes(self) -> int:
+        """Shared memory past the pipeline for the TMA path's mbarriers (one a stage)."""
+        return -(-8 * self.stages // 16) * 16 if self.tma else 0
 
     def _rules(self) -> Iterator[tuple[str, bool]]:
         """(rule, holds) pairs, cheap ones first; lazily, so that a configuration is
@@ -356,6 +372,7 @@ class KernelConfig:
         # 101 stream-K winners of the tuned database are all K-major or copied A.
         yield ("stream-K (stream_k) only where the kernel reads K-major A (km, or rm_tx)",
                not self.stream_k or self.kernel_a_layout is ALayout.K_MAJOR)
+        yield from self._tma_rules()
         yield (f"registers (~{self.registers_estimate}) <= {MAX_REGISTERS}",
                self.registers_estimate <= MAX_REGISTERS)
         # The persistent loop needs registers beyond the estimate's 8 where the tile fills
@@ -371,6 +388,26 @@ class KernelConfig:
                f"({self.arch.value} limit per block)",
                self.smem_bytes <= self.arch.max_smem_per_block)
 
+    def _tma_rules(self) -> Iterator[tuple[str, bool]]:
+        """What the bulk copy engine path covers: whole K-major, unpacked A tiles and B'
+        tiles as tensor copies, the table as one bulk copy, all within the engine's box
+        and alignment limits; a data-parallel, unsliced pipeline of two or more stages."""
+        if not self.tma:
+            return
+        yield ("TMA copies (tma) need sm_90", self.arch is Arch.SM90)
+        yield ("TMA copies (tma) only where the kernel reads K-major A (km, or rm_tx)",
+               self.kernel_a_layout is ALayout.K_MAJOR)
+        yield ("TMA copies (tma) without packing", not self.packing)
+        yield ("TMA copies (tma) need 2 or more stages", self.stages >= 2)
+        yield ("TMA copies (tma) not with stream-K or sliced K (stream_k off, slice_k = 1)",
+               not self.stream_k and self.slice_k == 1)
+        yield (f"TMA copies (tma): MS, KS, NS and WS <= {TMA_MAX_BOX} (box sides)",
+               max(self.ms, self.ks, self.ns, self.ws) <= TMA_MAX_BOX)
+        yield ("TMA copies (tma): MS * KS % 32 == 0 (the B' tile 128-byte aligned)",
+               self.a_words % TMA_ALIGN_WORDS == 0)
+        yield ("TMA copies (tma): table of whole 16-byte chunks a stage "
+               "(NS/L groups * WS % 4 == 0)", self.block_groups * self.ws % 4 == 0)
+
     # ----------------------------------------------------------------- naming
     @functools.cached_property  # the search sorts thousands by name, again for every shape
     def name(self) -> str:
@@ -378,7 +415,9 @@ class KernelConfig:
 
         e.g. ``nm_spmm_f32_n8m32l32_ms128ns128ks32_mt8nt8_w8x4_pack_s2_k1_rm_sm90``; a
         sliced-K kernel adds ``_sk{slice_k}`` after the split (``..._s2_k1_sk4_km_sm90``), a
-        stream-K kernel ``_streamk`` (``..._s2_k1_streamk_km_sm90``).
+        stream-K kernel ``_streamk`` (``..._s2_k1_streamk_km_sm90``), a kernel whose copies
+        go by the bulk copy engine ``_tma`` after the A layout and tile
+        (``..._s3_k1_km_tma_sm90``).
         """
         pack = "pack" if self.packing else "nopack"
         return (
@@ -386,7 +425,7 @@ class KernelConfig:
             f"_ms{self.ms}ns{self.ns}ks{self.ks}_mt{self.mt}nt{self.nt}"
             f"_w{self.warp_m}x{self.warp_n}_{pack}_s{self.stages}_k{self.split_k}"
             f"{self._slice_suffix}{'_streamk' if self.stream_k else ''}"
-            f"_{self.a_layout.value}{self._tile_suffix}"
+            f"_{self.a_layout.value}{self._tile_suffix}{'_tma' if self.tma else ''}"
             f"_{self.arch.value.replace('_', '')}"
         )
 
@@ -405,12 +444,13 @@ class KernelConfig:
             raise ConfigError(f"{name!r} is not a kernel name (e.g. {_EXAMPLE_NAME})")
         g = match.groupdict()
         ints = {k: int(v) for k, v in g.items()
-                if k not in ("family", "pack", "streamk", "layout", "tile", "arch")
+                if k not in ("family", "pack", "streamk", "layout", "tile", "tma", "arch")
                 and v is not None}
         return cls(
             **ints,
             packing=g["pack"] == "pack",
             stream_k=g["streamk"] is not None,
+            tma=g["tma"] is not None,
             a_layout=ALayout(g["layout"]),
             a_tile=ATile(g["tile"] or ATile.K_MAJOR.value),
             arch=Arch(f"sm_{g['arch']}"),
@@ -456,6 +496,6 @@ _NAME_RE = re.compile(
     r"^nm_spmm_(?P<family>[a-z0-9]+)_n(?P<n>\d+)m(?P<m>\d+)l(?P<vec>\d+)"
     r"_ms(?P<ms>\d+)ns(?P<ns>\d+)ks(?P<ks>\d+)_mt(?P<mt>\d+)nt(?P<nt>\d+)"
     r"_w(?P<warp_m>\d+)x(?P<warp_n>\d+)_(?P<pack>pack|nopack)_s(?P<stages>\d+)"
-    r"_k(?P<split_k>\d+)(?:_sk(?P<slice_k>\d+))?(?P<streamk>_streamk)?_(?P<layout>rm|km)(?:_(?P<tile>tk|tm|tr|tx))?_sm(?P<arch>\d+)$"
+    r"_k(?P<split_k>\d+)(?:_sk(?P<slice_k>\d+))?(?P<streamk>_streamk)?_(?P<layout>rm|km)(?:_(?P<tile>tk|tm|tr|tx))?(?P<tma>_tma)?_sm(?P<arch>\d+)$"
 )
 _EXAMPLE_NAME = "nm_spmm_f32_n8m32l32_ms128ns128ks32_mt8nt8_w8x4_pack_s2_k1_rm_sm90"

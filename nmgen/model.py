@@ -223,7 +223,10 @@ def _row_instructions(config: KernelConfig) -> tuple[float, float]:
 def _stage_copy_instructions(config: KernelConfig) -> float:
     """Instructions per thread that copy one stage into shared memory: 16-byte copies
     along a contiguous dimension, 4-byte ones for packed (gathered) rows, and for a
-    landing tile the transposition (one 16-byte read and four stores a chunk)."""
+    landing tile the transposition (one 16-byte read and four stores a chunk). With the
+    bulk copy engine (``tma``) one thread issues a stage's copies: the fixed part only."""
+    if config.tma:
+        return STAGE_FIXED_INSTRUCTIONS
     a_cells = config.a_rows * config.ms / config.threads
     per_cell = COPY4_INSTRUCTIONS if config.packing else COPY16_INSTRUCTIONS / 4
     a_cost = a_cells * per_cell

@@ -27,6 +27,8 @@ SPLIT_K_CHOICES = (1, 2, 3, 4)
 # The share of random configurations drawn with the stream-K grid (split and slice 1 only).
 STREAM_K_SHARE = 0.25
 SLICE_K_CHOICES = (1, 2, 4)  # sliced K: more warps a block where tiles are few (small M)
+# The share of random sm_90 configurations drawn with the bulk copy engine (tma).
+TMA_SHARE = 0.5
 
 
 # The core benchmark's best hand-picked configuration of each pattern and A layout (H100,
@@ -102,6 +104,7 @@ def random_config(problem: Problem, rng: random.Random, max_tries: int = 10000,
             stages=rng.choice(STAGE_CHOICES), split_k=rng.choice(SPLIT_K_CHOICES),
             slice_k=rng.choice(SLICE_K_CHOICES), a_tile=rng.choice(tile_choices(problem)),
             stream_k=rng.random() < STREAM_K_SHARE,
+            tma=problem.arch is Arch.SM90 and rng.random() < TMA_SHARE,
         )
         if config is not None and config.threads <= max_threads:
             return config
@@ -124,15 +127,22 @@ def enumeration_cache(problem: Problem) -> Path:
     return cache_file("space", problem, ("space.py", "config.py", "format.py"))
 
 
+def tma_choices(problem: Problem) -> tuple[bool, ...]:
+    """The bulk copy engine is Hopper's (sm_90)."""
+    return (False, True) if problem.arch is Arch.SM90 else (False,)
+
+
 def _valid_configs(problem: Problem) -> Iterator[KernelConfig]:
     grid = itertools.product(MS_CHOICES, NS_CHOICES, ks_choices(problem.m), MT_CHOICES,
                              NT_CHOICES, WARP_LAYOUTS, (False, True), STAGE_CHOICES,
-                             tile_choices(problem), SLICE_K_CHOICES)
-    for ms, ns, ks, mt, nt, (warp_m, warp_n), packing, stages, a_tile, slice_k in grid:
+                             tile_choices(problem), SLICE_K_CHOICES, tma_choices(problem))
+    for ms, ns, ks, mt, nt, (warp_m, warp_n), packing, stages, a_tile, slice_k, tma in grid:
         if ms % (mt * warp_m) or ns % (nt * warp_n):  # the warps do not tile the block:
             continue  # skipped before KernelConfig (which would refuse it) costs ~30 us
+        if tma and (packing or slice_k > 1):  # refused by the TMA rules; skipped sooner
+            continue
         config = try_config(problem, ms=ms, ns=ns, ks=ks, mt=mt, nt=nt, warp_m=warp_m,
                             warp_n=warp_n, packing=packing, stages=stages, a_tile=a_tile,
-                            slice_k=slice_k)
+                            slice_k=slice_k, tma=tma)
         if config is not None:
             yield config

@@ -25,7 +25,7 @@ from typing import Any
 import optuna
 from sqlalchemy.engine import Engine
 
-from .config import ALayout, ATile, KernelConfig
+from .config import ALayout, Arch, ATile, KernelConfig
 from .db import (
     GOOD,
     ProblemKey,
@@ -97,6 +97,7 @@ class SearchSpace:
     split_k: tuple[int, ...] = SPLIT_K_CHOICES
     slice_k: tuple[int, ...] = SLICE_K_CHOICES
     stream_k: tuple[bool, ...] = (False, True)
+    tma: tuple[bool, ...] = (False, True)  # where the GPU has the bulk copy engine (sm_90)
     a_tiles: tuple[str, ...] = tuple(t.value for t in ATile)  # as far as the layout allows
 
     def contains(self, config: KernelConfig) -> bool:
@@ -106,7 +107,7 @@ class SearchSpace:
                 and config.nt in self.nt and config.packing in self.packing
                 and config.stages in self.stages and config.split_k in self.split_k
                 and config.slice_k in self.slice_k and config.stream_k in self.stream_k
-                and config.a_tile.value in self.a_tiles)
+                and config.tma in self.tma and config.a_tile.value in self.a_tiles)
 
 
 FULL_SPACE = SearchSpace()
@@ -158,13 +159,18 @@ def _tiles(task: TuneTask) -> tuple[str, ...]:
     return ("tk",)
 
 
+def _tma(task: TuneTask) -> tuple[bool, ...]:
+    return task.space.tma if task.gpu.arch is Arch.SM90 else (False,)
+
+
 def search_choices(task: TuneTask) -> dict[str, tuple]:
     """The tuner's parameters and the values each may take (Optuna's categorical space)."""
     space = task.space
     return {"warp": space.warps, "ms": space.ms, "ns": space.ns,
             "ks_windows": space.ks_windows, "mt": space.mt, "nt": space.nt,
             "packing": space.packing, "stages": space.stages, "split_k": space.split_k,
-            "slice_k": space.slice_k, "stream_k": space.stream_k, "a_tile": _tiles(task)}
+            "slice_k": space.slice_k, "stream_k": space.stream_k, "tma": _tma(task),
+            "a_tile": _tiles(task)}
 
 
 def suggest_config(trial: optuna.Trial, task: TuneTask) -> KernelConfig | None:
@@ -179,7 +185,7 @@ def params_of(config: KernelConfig) -> dict:
     return {"ms": config.ms, "ns": config.ns, "ks_windows": config.ks // config.m,
             "mt": config.mt, "nt": config.nt, "warp": f"{config.warp_m}x{config.warp_n}",
             "packing": config.packing, "stages": config.stages, "split_k": config.split_k,
-            "slice_k": config.slice_k, "stream_k": config.stream_k,
+            "slice_k": config.slice_k, "stream_k": config.stream_k, "tma": config.tma,
             "a_tile": config.a_tile.value}
 
 
@@ -190,7 +196,7 @@ def _from_params(task: TuneTask, params: dict) -> KernelConfig | None:
                       warp_m=warp_m, warp_n=warp_n, packing=params["packing"],
                       stages=params["stages"], split_k=params["split_k"],
                       slice_k=params["slice_k"], stream_k=params.get("stream_k", False),
-                      a_tile=params["a_tile"])
+                      tma=params.get("tma", False), a_tile=params["a_tile"])
 
 
 def _tell(study: optuna.Study, trial: optuna.Trial, value: float, violation: float) -> None:

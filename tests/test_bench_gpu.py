@@ -11,6 +11,8 @@ import sys
 import numpy as np
 import pytest
 
+from nmgen.config import ALayout, KernelConfig
+
 pytestmark = pytest.mark.gpu
 
 
@@ -71,7 +73,8 @@ def test_bench_k_major_a(tmp_path):
     with (out / "bench.csv").open() as f:
         (row,) = list(csv.DictReader(f))
     assert float(row["rel_error"]) < 1e-5 and float(row["nmgen_ms"]) > 0
-    assert "_km_sm" in row["config"] and "_km_sm" in row["core_config"]
+    for name in (row["config"], row["core_config"]):
+        assert KernelConfig.from_name(name).a_layout is ALayout.K_MAJOR, name
     assert json.loads((out / "bench.json").read_text())["a_layout"] == "km"
 
 

@@ -109,6 +109,38 @@ def test_stream_k_core_tiles_compile_without_spills(name):
     assert main.spill_stores == 0 and main.spill_loads == 0, f"{name}: {main}"
 
 
+# The bulk copy engine (sm_90): K-major and copied A, both pipeline depths it takes, with
+# and without split-K; and the core benchmark's TMA kernels.
+TMA_VARIANTS = list(itertools.product(((ALayout.K_MAJOR, ATile.K_MAJOR),
+                                       (ALayout.ROW_MAJOR, ATile.K_MAJOR_COPY)), (2, 3), (1, 3)))
+TMA_CORE = ["nm_spmm_f32_n16m32l32_ms128ns256ks64_mt16nt8_w8x4_nopack_s3_k1_km_tma_sm90",
+            "nm_spmm_f32_n12m32l32_ms128ns256ks64_mt16nt8_w8x4_nopack_s3_k1_rm_tx_tma_sm90",
+            "nm_spmm_f32_n4m32l32_ms128ns256ks128_mt16nt8_w8x4_nopack_s2_k1_km_tma_sm90"]
+
+
+@pytest.mark.parametrize("layout_tile, stages, split_k", TMA_VARIANTS, ids=_variant_id)
+def test_tma_variant_compiles_within_resources(layout_tile, stages, split_k):
+    rng = random.Random(random.randrange(1 << 30))
+    while True:
+        config = variant_config(layout_tile, False, stages, split_k, Arch.SM90,
+                                seed=rng.randrange(1 << 30))
+        try:
+            config = config.replace(tma=True, slice_k=1, stream_k=False)
+            break
+        except ConfigError:  # e.g. a box side past 256, or a table of odd length
+            continue
+    check_resources(config)
+    assert "cp.async.bulk.tensor.2d" in nmgen.render(config).code
+
+
+@pytest.mark.parametrize("name", TMA_CORE)
+def test_tma_core_tiles_compile_without_spills(name):
+    config = nmgen.KernelConfig.from_name(name)
+    check_resources(config)
+    main = compile_with_nvcc(nmgen.render(config)).resources[config.name]
+    assert main.spill_stores == 0 and main.spill_loads == 0, f"{name}: {main}"
+
+
 def check_resources(config: nmgen.KernelConfig) -> None:
     """nvcc builds every entry point of ``config`` without spills (but the known small
     ones), within 255 registers and the register file, with only dynamic shared memory."""

@@ -43,6 +43,37 @@ def test_stream_k_is_named_and_sized():
     assert "stream_k" not in KernelConfig(**BASE).to_dict()  # older kernels unchanged
 
 
+def test_tma_is_named_and_sized():
+    """The bulk copy engine's kernels: ``_tma`` after the A layout and tile; every stage
+    buffer 128-byte aligned (the table padded), the mbarriers past the pipeline."""
+    config = KernelConfig(**{**BASE, "ns": 256, "ks": 64}, stages=3, a_layout="km", tma=True)
+    assert config.name.endswith("_s3_k1_km_tma_sm90")
+    assert KernelConfig.from_name(config.name) == config
+    assert KernelConfig.from_json(config.to_json()) == config
+    assert sum(config.stage_words) % 32 == 0 and config.stage_words[0] % 32 == 0
+    plain = config.replace(tma=False)
+    assert config.smem_bytes == plain.smem_bytes + 3 * 4 * (config.pos_words - plain.pos_words) + 32
+    assert "tma" not in plain.to_dict()  # older kernels unchanged
+    copied = config.replace(a_layout="rm", a_tile="tx")
+    assert copied.name.endswith("_rm_tx_tma_sm90") and KernelConfig.from_name(copied.name) == copied
+
+
+@pytest.mark.parametrize("change, rule", [
+    (dict(arch="sm_80"), "TMA copies (tma) need sm_90"),
+    (dict(packing=True), "TMA copies (tma) without packing"),
+    (dict(a_layout="rm"), "only where the kernel reads K-major A"),
+    (dict(a_layout="rm", a_tile="tm"), "only where the kernel reads K-major A"),
+    (dict(stages=1), "2 or more stages"),
+    (dict(stream_k=True), "not with stream-K or sliced K"),
+    (dict(slice_k=2), "not with stream-K or sliced K"),
+    (dict(ns=512, nt=16), "box sides"),
+    (dict(n=1, ns=64), "16-byte chunks"),
+])
+def test_tma_rules_name_what_they_need(change, rule):
+    with pytest.raises(ConfigError, match=rule.replace("(", r"\(").replace(")", r"\)")):
+        KernelConfig(**{**BASE, "a_layout": "km", "tma": True, **change})
+
+
 def test_parameters_added_later_are_left_out_at_their_default():
     """An unsliced kernel states no slice_k: its name, stored parameters and generated
     header are what they were before sliced K existed (its records carry over)."""
@@ -127,8 +158,8 @@ def test_space_skips_nothing_valid():
     grid = itertools.product(space.MS_CHOICES, space.NS_CHOICES, space.ks_choices(4),
                              space.MT_CHOICES, space.NT_CHOICES, space.WARP_LAYOUTS,
                              (False, True), space.STAGE_CHOICES, space.tile_choices(problem),
-                             space.SLICE_K_CHOICES)
+                             space.SLICE_K_CHOICES, space.tma_choices(problem))
     every = [space.try_config(problem, ms=ms, ns=ns, ks=ks, mt=mt, nt=nt, warp_m=wm,
-                              warp_n=wn, packing=p, stages=st, a_tile=t, slice_k=sk)
-             for ms, ns, ks, mt, nt, (wm, wn), p, st, t, sk in grid]
+                              warp_n=wn, packing=p, stages=st, a_tile=t, slice_k=sk, tma=tma)
+             for ms, ns, ks, mt, nt, (wm, wn), p, st, t, sk, tma in grid]
     assert enumerate_configs(problem) == tuple(c for c in every if c is not None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import optuna
 
 from nmgen.codegen import render
-from nmgen.config import ALayout
+from nmgen.config import ALayout, KernelConfig
 from nmgen.db import (
     TrialStatus,
     best_per_problem,
@@ -25,6 +25,9 @@ from nmgen.tuner import (
     Tuner,
     TuneTask,
     model_seeds,
+    params_of,
+    search_choices,
+    suggest_config,
 )
 
 
@@ -215,3 +218,17 @@ def test_seed_table_is_kept_on_disk(tmp_path, monkeypatch):
     other = TuneTask(gpu_spec("a100"), 2, 4, 16, ALayout.ROW_MAJOR, 64, 256, 512)
     assert cache_file("rank", (other.gpu, other.problem, other.space),
                       SEED_TABLE_SOURCES) != path
+
+
+def test_tma_is_searched_where_the_gpu_has_the_engine():
+    """The bulk copy engine is a tuned parameter on sm_90 only, and a TMA configuration's
+    parameters give it back."""
+    h100 = TuneTask(gpu_spec("h100"), 8, 32, 32, ALayout.K_MAJOR, 1024, 4096, 4096)
+    a100 = TuneTask(gpu_spec("a100"), 8, 32, 32, ALayout.K_MAJOR, 1024, 4096, 4096)
+    assert search_choices(h100)["tma"] == (False, True)
+    assert search_choices(a100)["tma"] == (False,)
+    config = KernelConfig.from_name(
+        "nm_spmm_f32_n8m32l32_ms128ns256ks64_mt16nt8_w8x4_nopack_s3_k1_km_tma_sm90")
+    study = optuna.create_study()
+    study.enqueue_trial(params_of(config))
+    assert suggest_config(study.ask(), h100) == config

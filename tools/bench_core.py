@@ -37,15 +37,15 @@ KS_WINDOWS = (1, 2, 4)
 
 
 def grid(n: int, m: int, vec: int, tiles=TILES, windows=KS_WINDOWS, packings=(False, True),
-         stages=(2, 3), a_tiles=("tk", "tm")) -> list[KernelConfig]:
+         stages=(2, 3), a_tiles=("tk", "tm"), tmas=(False,)) -> list[KernelConfig]:
     configs = []
-    for tile, window, packing, stage, a_tile in itertools.product(
-            tiles, windows, packings, stages, a_tiles):
+    for tile, window, packing, stage, a_tile, tma in itertools.product(
+            tiles, windows, packings, stages, a_tiles, tmas):
         ms, ns, mt, nt, wm, wn = (int(x) for x in tile.split("x"))
         with contextlib.suppress(ConfigError):
             configs.append(KernelConfig(n, m, vec, ms, ns, m * window, mt, nt, warp_m=wm,
                                         warp_n=wn, packing=packing, stages=stage,
-                                        a_tile=a_tile))
+                                        a_tile=a_tile, tma=tma))
     return configs
 
 
@@ -78,6 +78,8 @@ def main() -> None:
     parser.add_argument("--packing", choices=("both", "yes", "no"), default="both")
     parser.add_argument("--stages", default="2,3")
     parser.add_argument("--a-tiles", default="tk,tm")
+    parser.add_argument("--tma", choices=("both", "yes", "no"), default="no",
+                        help="copies by the bulk copy engine (sm_90; copied A tiles, tx)")
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite bench_core.md from OUT/bench_core.json (no GPU)")
     args = parser.parse_args()
@@ -110,7 +112,8 @@ def main() -> None:
         configs = grid(n, m, args.vec, args.tiles.split(","),
                        [int(w) for w in args.windows.split(",")],
                        {"both": (False, True), "yes": (True,), "no": (False,)}[args.packing],
-                       [int(x) for x in args.stages.split(",")], args.a_tiles.split(","))
+                       [int(x) for x in args.stages.split(",")], args.a_tiles.split(","),
+                       {"both": (False, True), "yes": (True,), "no": (False,)}[args.tma])
         errors = precompile(configs, workers=min(16, os.cpu_count() or 1))
         for e in errors:
             print("compile error:", e, flush=True)

@@ -22,6 +22,7 @@ from ..config import ALayout, Arch, KernelConfig
 from ..format import NMMatrix
 from ..model import arch_of_capability, blocks_per_sm, gpu_of_device_name, gpu_spec
 from ..prepare import LayoutKey, prepare_layout
+from .tma import TensorMap, encode_matrix
 
 NVRTC_OPTIONS = ("-std=c++17",)
 _LOCK = threading.Lock()
@@ -171,6 +172,30 @@ class CopyA:
 _C_VEC4 = 14  # index of the main kernel's c_vec4 argument
 
 
+def tma_addressable(ld: int, ptr: int) -> bool:
+    """Whether the bulk copy engine can read a matrix: 16-byte aligned, rows a multiple
+    of 16 bytes apart."""
+    return ptr % 16 == 0 and ld % 4 == 0
+
+
+@dataclass
+class TmaA:
+    """A ``tma`` kernel's tensor map of A (an argument of its launch), encoded again
+    whenever A's address changes."""
+
+    map: ctypes.Array
+    cols: int  # M
+    rows: int  # K
+    ld: int
+    box: tuple[int, int]  # (MS, KS)
+    ptr: int = -1
+
+    def point_at(self, ptr: int) -> None:
+        if ptr != self.ptr:
+            encode_matrix(self.map, ptr, self.cols, self.rows, self.ld, self.box)
+            self.ptr = ptr
+
+
 class LaunchPlan:
     """Everything about a launch that depends only on (kernel, weight, device, M, lda):
     the argument block is packed once, and a call rewrites the A and C pointers in place
@@ -179,12 +204,15 @@ class LaunchPlan:
 
     def __init__(self, main: Any, reduce: Any, grid: tuple[int, int, int], threads: int,
                  smem: int, args: list[ctypes._SimpleCData], c_vec4_ok: bool,
-                 reduce_grid: int, copy_a: CopyA | None = None, stream_k: bool = False):
+                 reduce_grid: int, copy_a: CopyA | None = None, stream_k: bool = False,
+                 tma_a: TmaA | None = None):
         self.main, self.reduce, self.copy_a = main, reduce, copy_a
         self.grid, self.threads, self.smem = grid, threads, smem
         # A, B', POS, ROWS, C, the scalars up to c_vec4 (_C_VEC4); stream-K adds the
-        # partial-sum workspace, the flags and the tile counts.
+        # partial-sum workspace, the flags and the tile counts; TMA the tensor maps of A
+        # and B'.
         self.args = args
+        self.tma_a = tma_a
         self.stream_k = stream_k
         self.params = _params(args)
         self.c_vec4_ok = c_vec4_ok
@@ -198,6 +226,8 @@ class LaunchPlan:
             self.args[0].value = a_ptr
             self.args[4].value = c_ptr
             self.args[_C_VEC4].value = self.c_vec4_ok and c_ptr % 16 == 0
+            if self.tma_a is not None:
+                self.tma_a.point_at(a_ptr)
             if self.stream_k:
                 self.args[_C_VEC4 + 1].value, self.args[_C_VEC4 + 2].value = scratch
             _launch(self.main, self.grid, self.threads, self.smem, self.params, stream_ptr)
@@ -251,6 +281,7 @@ class Kernel:
         # (shapes, strides, dtypes, the weight's pattern): the hot path looks them up.
         self._a_checked: dict[tuple, tuple[int, int]] = {}
         self._out_checked: set[tuple] = set()
+        self._twin: Kernel | None = None
 
     @property
     def source(self) -> KernelSource:
@@ -315,9 +346,16 @@ class Kernel:
                                                 sms * _resident_blocks(main, c))
             args += [u64(0), u64(0), i32(grid[0]), i32(grid[1]), i32(whole_tiles)]
             grid = (blocks, 1, 1)
+        tma_a = None
+        if c.tma:  # B''s map now; A's at the launch (its address), where the engine can read it
+            map_a, map_b = TensorMap(), TensorMap()
+            encode_matrix(map_b, layout.values.data.ptr, ldb, layout.values.shape[0], ldb,
+                          (c.ns, c.ws))
+            args += [map_a, map_b]
+            tma_a = TmaA(map_a, m_rows, k_dim, lda, (c.ms, c.ks))
         return LaunchPlan(main, reduce, grid, c.threads, c.smem_bytes, args, n_cols % 4 == 0,
                           max(1, min(-(-m_rows * n_cols // 256), sms * 16)), copy_a,
-                          c.stream_k)
+                          c.stream_k, tma_a)
 
     def __call__(self, a: Any, b: NMMatrix, out: Any = None, stream: Any = None) -> Any:
         return self.run(a, operand(a, "a"), b, out, stream)
@@ -330,6 +368,8 @@ class Kernel:
         out, c_op = _output(out, a, a_op, (m_rows, n_cols), self._out_checked)
         if m_rows == 0:
             return out
+        if self.config.tma and not self.config.a_copied and not tma_addressable(lda, a_op.ptr):
+            return self._cp_async_twin().run(a, a_op, b, out, stream)
         key = ("plan", self._source_key, a_op.device, m_rows, lda, a_op.ptr % 16 == 0)
         plan = b._prepared.get(key)
         if plan is None:
@@ -363,6 +403,13 @@ class Kernel:
                                                      np.int64(n_cols)), 0, handle)
         return out
 
+
+    def _cp_async_twin(self) -> Kernel:
+        """The same tiles with cp.async copies: what a ``tma`` kernel runs on an A that
+        the bulk copy engine cannot address."""
+        if self._twin is None:
+            self._twin = Kernel(self.config.replace(tma=False))
+        return self._twin
 
     def _check_a(self, a_op: Operand, b: NMMatrix) -> tuple[int, int]:
         """``_check_a``, remembered for what it depends on but the pointer and the device,

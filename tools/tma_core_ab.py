@@ -1,0 +1,94 @@
+"""The core kernels with and without the bulk copy engine (TMA), in turns in one process:
+M = N = K = 4096, L = 32, K-major A and row-major A (copied K-major first, tx), every
+kernel checked against float64 (NaN-poisoned output) before it is timed beside cuBLAS
+SGEMM. Ratios come from one run; rows of one pattern and layout are timed in turns.
+
+    python tools/tma_core_ab.py --out results/tma_h100/core_ab
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from nmgen.config import ALayout, KernelConfig  # noqa: E402
+from nmgen.report import markdown_table  # noqa: E402
+
+# Per pattern: (KS windows, stages) of the 128x256 block of 16x8 thread tiles in 8x4 warps.
+PIPELINES = {"16:32": ((2, 2), (2, 3)), "12:32": ((4, 2), (2, 3)),
+             "8:32": ((4, 2), (2, 3)), "4:32": ((4, 2), (2, 3))}
+TARGET = {"16:32": 1.87, "12:32": 2.5, "8:32": 3.6, "4:32": 6.2}
+
+
+def candidates(pattern: str, layout: ALayout) -> list[KernelConfig]:
+    n, m = (int(x) for x in pattern.split(":"))
+    out = []
+    for windows, stages in PIPELINES[pattern]:
+        for tma in (False, True):
+            try:
+                out.append(KernelConfig(n, m, 32, 128, 256, m * windows, 16, 8, stages=stages,
+                                        a_layout=layout, tma=tma,
+                                        a_tile="tx" if layout is ALayout.ROW_MAJOR else "tk"))
+            except ValueError:  # e.g. the 12:32 128-row stage and its barriers past 227 KB
+                continue
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--patterns", default="16:32,12:32,8:32,4:32")
+    parser.add_argument("--size", type=int, default=4096)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+
+    import cupy as cp
+
+    from nmgen.gpu.dense import Dense, dense_gemm
+    from nmgen.gpu.launch import Kernel
+    from nmgen.gpu.measure import ProblemBench
+    from nmgen.gpu.timing import precompile, time_in_turns
+    from nmgen.results import RTOL
+
+    size = args.size
+    dense = cp.random.standard_normal((size, size), dtype=cp.float32)
+    sgemm = dense_gemm(Dense.SGEMM, dense, dense)
+    jobs = [(p, layout, candidates(p, layout)) for p in args.patterns.split(",")
+            for layout in (ALayout.K_MAJOR, ALayout.ROW_MAJOR)]
+    for error in precompile([c for _, _, configs in jobs for c in configs], workers=16):
+        print("compile error:", error, flush=True)
+    rows, record = [], []
+    for pattern, layout, configs in jobs:
+        n, m = (int(x) for x in pattern.split(":"))
+        bench = ProblemBench(n, m, 32, layout, size, size, size)
+        kernels = {c.name: Kernel(c) for c in configs}
+        errors = {name: bench.error(k) for name, k in kernels.items()}
+        fns = {name: bench.launcher(k) for name, k in kernels.items() if errors[name] < RTOL}
+        fns["sgemm"] = lambda i: sgemm()
+        ms = time_in_turns(fns, rounds=args.rounds)
+        for name in kernels:
+            t = ms.get(name, float("nan"))
+            rows.append([pattern, layout.value, f"`{name}`", f"{errors[name]:.1e}", f"{t:.4f}",
+                         f"{ms['sgemm']:.4f}", f"{ms['sgemm'] / t:.3f}x", f"{TARGET[pattern]}x"])
+            record.append({"pattern": pattern, "a_layout": layout.value, "config": name,
+                           "error": errors[name], "ms": t, "sgemm_ms": ms["sgemm"]})
+            print(" | ".join(rows[-1]), flush=True)
+    gpu = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    table = markdown_table(["pattern", "A", "kernel", "rel. error", "ms", "SGEMM ms",
+                            "speedup", "target"], rows)
+    text = (f"# Core kernels with and without TMA: {gpu}, M=N=K={size}, L=32\n\n"
+            f"{args.rounds} rounds in turns per pattern and layout, with cuBLAS SGEMM.\n\n"
+            f"{table}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "tma_core_ab.md").write_text(text + "\n")
+    (args.out / "tma_core_ab.json").write_text(json.dumps({"gpu": gpu, "size": size,
+                                                           "rows": record}, indent=1) + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
