@@ -32,22 +32,36 @@ TMA_SHARE = 0.5
 
 
 # The core benchmark's best hand-picked configuration of each pattern and A layout (H100,
-# M = N = K = 4096, L = 32; results/core_h100/bench_core.json). All four patterns take a
-# 128x256 block of 16x8 thread tiles in 8x4 warps, unpacked; they differ in the KS
-# windows and the stages. Row-major A is fastest copied K-major first ("tx"). It is the
-# reference a tuned shape must not fall below.
-CORE_TILE = {"ms": 128, "ns": 256, "mt": 16, "nt": 8, "warp_m": 8, "warp_n": 4,
-             "packing": False}
-CORE_BEST: dict[tuple[int, int, ALayout], tuple[int, int, ATile]] = {
-    # (n, m, A layout): (KS windows, stages, A tile)
-    (16, 32, ALayout.ROW_MAJOR): (2, 2, ATile.K_MAJOR_COPY),
-    (12, 32, ALayout.ROW_MAJOR): (4, 2, ATile.K_MAJOR_COPY),
-    (8, 32, ALayout.ROW_MAJOR): (4, 2, ATile.K_MAJOR_COPY),
-    (4, 32, ALayout.ROW_MAJOR): (4, 2, ATile.K_MAJOR_COPY),
-    (16, 32, ALayout.K_MAJOR): (2, 2, ATile.K_MAJOR),
-    (12, 32, ALayout.K_MAJOR): (4, 2, ATile.K_MAJOR),
-    (8, 32, ALayout.K_MAJOR): (4, 2, ATile.K_MAJOR),
-    (4, 32, ALayout.K_MAJOR): (4, 2, ATile.K_MAJOR),
+# M = N = K = 4096, L = 32; results/core_tma_h100/bench_core.json, a grid of two block
+# tiles, KS of 2 or 4 windows, 2 or 3 stages, with and without TMA copies). Unpacked, and
+# all with the bulk copy engine's copies (tma): 128x256 blocks of 16x8 thread tiles in
+# 8x4 warps, or for 8:32 and 4:32 64x256 blocks of 16x4 tiles in 4x8 warps. Row-major A is
+# fastest copied K-major first ("tx"), then the K-major kernel. It is the reference a tuned
+# shape must not fall below.
+CORE_TILES = {
+    "128x256": {"ms": 128, "ns": 256, "mt": 16, "nt": 8, "warp_m": 8, "warp_n": 4},
+    "64x256": {"ms": 64, "ns": 256, "mt": 16, "nt": 4, "warp_m": 4, "warp_n": 8},
+}
+# (n, m): (block tile, KS windows, stages); the same kernel for both A layouts, behind the
+# transpose for row-major A.
+CORE_KERNELS: dict[tuple[int, int], tuple[str, int, int]] = {
+    (16, 32): ("128x256", 2, 3),
+    (12, 32): ("128x256", 2, 3),
+    (8, 32): ("64x256", 2, 2),
+    (4, 32): ("64x256", 4, 2),
+}
+# Without the bulk copy engine (before sm_90): the best cp.async kernels of the same
+# benchmark before TMA (results/core_h100/bench_core.json), 128x256 blocks of 16x8 tiles.
+CORE_KERNELS_CP_ASYNC: dict[tuple[int, int], tuple[str, int, int]] = {
+    (16, 32): ("128x256", 2, 2),
+    (12, 32): ("128x256", 4, 2),
+    (8, 32): ("128x256", 4, 2),
+    (4, 32): ("128x256", 4, 2),
+}
+CORE_BEST: dict[tuple[int, int, ALayout], tuple[str, int, int, ATile]] = {
+    (n, m, layout): (*kernel, ATile.K_MAJOR_COPY if layout is ALayout.ROW_MAJOR
+                     else ATile.K_MAJOR)
+    for (n, m), kernel in CORE_KERNELS.items() for layout in ALayout
 }
 
 
@@ -68,9 +82,12 @@ def core_config(problem: Problem) -> KernelConfig | None:
     best = CORE_BEST.get((problem.n, problem.m, problem.a_layout))
     if best is None:
         return None
-    windows, stages, a_tile = best
+    tile, windows, stages, a_tile = best
+    tma = problem.arch is Arch.SM90
+    if not tma:
+        tile, windows, stages = CORE_KERNELS_CP_ASYNC[(problem.n, problem.m)]
     return try_config(problem, ks=problem.m * windows, stages=stages, a_tile=a_tile,
-                      **CORE_TILE)
+                      packing=False, tma=tma, **CORE_TILES[tile])
 
 
 def ks_choices(m: int) -> list[int]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from nmgen.config import ALayout
 from nmgen.space import CORE_BEST, Problem, core_config
 
-CORE_RUN = Path(__file__).resolve().parent.parent / "results" / "core_h100" / "bench_core.json"
+CORE_RUN = Path(__file__).resolve().parent.parent / "results" / "core_tma_h100" / "bench_core.json"
 
 
 def test_core_table_is_the_committed_core_benchmark():

@@ -17,24 +17,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nmgen.config import ALayout, KernelConfig  # noqa: E402
 from nmgen.report import markdown_table  # noqa: E402
+from nmgen.space import Problem, core_config  # noqa: E402
 
-# Per pattern: (KS windows, stages) of the 128x256 block of 16x8 thread tiles in 8x4 warps.
+# Per pattern by default: (KS windows, stages) of the 128x256 block of 16x8 thread tiles
+# in 8x4 warps.
 PIPELINES = {"16:32": ((2, 2), (2, 3)), "12:32": ((4, 2), (2, 3)),
              "8:32": ((4, 2), (2, 3)), "4:32": ((4, 2), (2, 3))}
+CORE_TILE = "128x256x16x8x8x4"  # MSxNSxMTxNTxWARP_MxWARP_N
 TARGET = {"16:32": 1.87, "12:32": 2.5, "8:32": 3.6, "4:32": 6.2}
 
 
-def candidates(pattern: str, layout: ALayout) -> list[KernelConfig]:
+def candidates(pattern: str, layout: ALayout, tiles: list[str] | None = None,
+               pipelines: list[tuple[int, int]] | None = None,
+               tmas: tuple[bool, ...] = (False, True)) -> list[KernelConfig]:
     n, m = (int(x) for x in pattern.split(":"))
     out = []
-    for windows, stages in PIPELINES[pattern]:
-        for tma in (False, True):
-            try:
-                out.append(KernelConfig(n, m, 32, 128, 256, m * windows, 16, 8, stages=stages,
-                                        a_layout=layout, tma=tma,
-                                        a_tile="tx" if layout is ALayout.ROW_MAJOR else "tk"))
-            except ValueError:  # e.g. the 12:32 128-row stage and its barriers past 227 KB
-                continue
+    for tile in tiles or [CORE_TILE]:
+        ms, ns, mt, nt, wm, wn = (int(x) for x in tile.split("x"))
+        for windows, stages in pipelines or PIPELINES[pattern]:
+            for tma in tmas:
+                try:
+                    out.append(KernelConfig(
+                        n, m, 32, ms, ns, m * windows, mt, nt, warp_m=wm, warp_n=wn,
+                        stages=stages, a_layout=layout, tma=tma,
+                        a_tile="tx" if layout is ALayout.ROW_MAJOR else "tk"))
+                except ValueError:  # e.g. the 12:32 128-row stage and its barriers past 227 KB
+                    continue
     return out
 
 
@@ -43,6 +51,13 @@ def main() -> None:
     parser.add_argument("--patterns", default="16:32,12:32,8:32,4:32")
     parser.add_argument("--size", type=int, default=4096)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--tiles", default=CORE_TILE, help="MSxNSxMTxNTxWMxWN,...")
+    parser.add_argument("--pipelines", default="",
+                        help="WINDOWSxSTAGES,... (default: per pattern, PIPELINES)")
+    parser.add_argument("--layouts", default="km,rm")
+    parser.add_argument("--tma", choices=("both", "yes", "no"), default="both")
+    parser.add_argument("--with-core", action="store_true",
+                        help="add the shipped core kernel (space.core_config) of each layout")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
@@ -57,8 +72,17 @@ def main() -> None:
     size = args.size
     dense = cp.random.standard_normal((size, size), dtype=cp.float32)
     sgemm = dense_gemm(Dense.SGEMM, dense, dense)
-    jobs = [(p, layout, candidates(p, layout)) for p in args.patterns.split(",")
-            for layout in (ALayout.K_MAJOR, ALayout.ROW_MAJOR)]
+    pipelines = [tuple(int(x) for x in p.split("x")) for p in args.pipelines.split(",") if p]
+    tmas = {"both": (False, True), "yes": (True,), "no": (False,)}[args.tma]
+    jobs = []
+    for p in args.patterns.split(","):
+        for layout in (ALayout(x) for x in args.layouts.split(",")):
+            configs = candidates(p, layout, args.tiles.split(","), pipelines or None, tmas)
+            n, m = (int(x) for x in p.split(":"))
+            core = core_config(Problem(n, m, 32, layout))
+            if args.with_core and core is not None and core not in configs:
+                configs.insert(0, core)
+            jobs.append((p, layout, configs))
     for error in precompile([c for _, _, configs in jobs for c in configs], workers=16):
         print("compile error:", error, flush=True)
     rows, record = [], []
