@@ -123,3 +123,18 @@ def test_records_are_keyed_on_the_template_and_the_generator():
     # an unroll or any other code-generation change orphans the old timings
     assert template_hash() != hashlib.sha256(
         codegen.template_text(Family.F32_SIMT).encode()).hexdigest()
+
+
+def test_shipped_records_are_keyed_to_the_current_generator():
+    """A change to the template or the code generator re-keys the records (``nmgen carry``)
+    before it lands; otherwise the dispatcher finds none of the shipped tuned kernels."""
+    from sqlalchemy import select
+
+    from nmgen.db import ProblemRow, shipped_db
+    from nmgen.dispatch import template_hash
+
+    engine = connect(f"sqlite:///{shipped_db()}")
+    with engine.connect() as conn:
+        hashes = set(conn.execute(select(ProblemRow.template_hash).distinct()).scalars())
+    engine.dispose()
+    assert hashes == {template_hash()}, "run nmgen carry --from-rev <the records' revision>"

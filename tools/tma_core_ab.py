@@ -17,13 +17,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nmgen.config import ALayout, KernelConfig  # noqa: E402
 from nmgen.report import markdown_table  # noqa: E402
-from nmgen.space import Problem, core_config  # noqa: E402
+from nmgen.space import CORE_KERNELS_CP_ASYNC, CORE_TILES, Problem, core_config  # noqa: E402
 
 # Per pattern by default: (KS windows, stages) of the 128x256 block of 16x8 thread tiles
 # in 8x4 warps.
 PIPELINES = {"16:32": ((2, 2), (2, 3)), "12:32": ((4, 2), (2, 3)),
              "8:32": ((4, 2), (2, 3)), "4:32": ((4, 2), (2, 3))}
 CORE_TILE = "128x256x16x8x8x4"  # MSxNSxMTxNTxWARP_MxWARP_N
+CORE_TILE_NAMES = {name: "x".join(str(t[k]) for k in ("ms", "ns", "mt", "nt", "warp_m", "warp_n"))
+                   for name, t in CORE_TILES.items()}
 TARGET = {"16:32": 1.87, "12:32": 2.5, "8:32": 3.6, "4:32": 6.2}
 
 
@@ -58,6 +60,9 @@ def main() -> None:
     parser.add_argument("--tma", choices=("both", "yes", "no"), default="both")
     parser.add_argument("--with-core", action="store_true",
                         help="add the shipped core kernel (space.core_config) of each layout")
+    parser.add_argument("--only-cores", action="store_true",
+                        help="time only the core kernel and the cp.async core of before TMA "
+                             "(space.CORE_KERNELS_CP_ASYNC) of each pattern and layout")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
@@ -77,9 +82,14 @@ def main() -> None:
     jobs = []
     for p in args.patterns.split(","):
         for layout in (ALayout(x) for x in args.layouts.split(",")):
-            configs = candidates(p, layout, args.tiles.split(","), pipelines or None, tmas)
             n, m = (int(x) for x in p.split(":"))
             core = core_config(Problem(n, m, 32, layout))
+            if args.only_cores:
+                tile, windows, stages = CORE_KERNELS_CP_ASYNC[(n, m)]
+                configs = [*candidates(p, layout, [CORE_TILE_NAMES[tile]], [(windows, stages)],
+                                       (False,)), core]
+            else:
+                configs = candidates(p, layout, args.tiles.split(","), pipelines or None, tmas)
             if args.with_core and core is not None and core not in configs:
                 configs.insert(0, core)
             jobs.append((p, layout, configs))
