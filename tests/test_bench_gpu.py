@@ -11,7 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from nmgen.config import ALayout, KernelConfig
+from nmgen.config import ALayout, Arch, KernelConfig
+from nmgen.space import Problem, core_config
 
 pytestmark = pytest.mark.gpu
 
@@ -49,8 +50,10 @@ def test_small_bench_run(tmp_path):
                                                       ("4:32", "33"), ("4:32", "256")]
     assert all(float(r["rel_error"]) < 1e-5 and float(r["nmgen_ms"]) > 0 for r in rows)
     # The core benchmark's hand-picked kernel is checked and timed on every shape too.
-    assert all(float(r["core_ms"]) > 0 and f"n{r['pattern'].replace(':', 'm')}l32_ms128ns256"
-               in r["core_config"] for r in rows)
+    for r in rows:
+        n, m = (int(x) for x in r["pattern"].split(":"))
+        core = core_config(Problem(n, m, 32, ALayout.ROW_MAJOR, Arch.SM90))
+        assert float(r["core_ms"]) > 0 and r["core_config"] == core.name, r
     record = json.loads((out / "bench.json").read_text())
     assert record["ceilings"]["fp32_tflops"] > 5 and record["ceilings"]["dram_gbs"] > 300
     stored = latest_ceilings(connect(db), record["gpu"])
