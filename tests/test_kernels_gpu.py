@@ -62,6 +62,19 @@ def check_case(kernel: nmgen.Kernel, rng: np.random.Generator, m_rows: int, k: i
     return relative_error(out, ref)
 
 
+def check_shapes(kernel: nmgen.Kernel, shapes, gpu_cases) -> None:
+    """``check_case`` on every (M, K, N) of ``shapes``, each within RTOL."""
+    rng = np.random.default_rng(SEED)
+    for m_rows, k, n_cols in shapes:
+        err = check_case(kernel, rng, m_rows, k, n_cols)
+        assert err < RTOL, (f"{kernel.config.name} M={m_rows} K={k} N={n_cols}: relative "
+                            f"error {err:.3g} (seed {SEED})")
+        gpu_cases["kernel_cases"] += 1
+
+
+EDGES = [(m, 333, 257) for m in M_EDGES]  # the M edges, odd K and N
+
+
 @pytest.mark.parametrize("case", range(CONFIGS))
 def test_random_config_matches_reference(case, gpu_cases):
     pick = random.Random(SEED * 1000 + case)
@@ -121,12 +134,7 @@ def test_copied_a_tile_matches_reference(split_k, packing, gpu_cases):
     call, M not a multiple of 4, odd K and N."""
     config = nmgen.KernelConfig(8, 32, 32, 64, 128, 64, 8, 8, packing=packing,
                                 split_k=split_k, a_tile="tx")
-    kernel = nmgen.Kernel(config)
-    rng = np.random.default_rng(SEED)
-    for m_rows in M_EDGES:
-        err = check_case(kernel, rng, m_rows, 333, 257)
-        assert err < RTOL, f"{config.name} M={m_rows}: relative error {err:.3g} (seed {SEED})"
-        gpu_cases["kernel_cases"] += 1
+    check_shapes(nmgen.Kernel(config), EDGES, gpu_cases)
 
 
 SLICED = [  # (slice_k, A layout, A tile, packing, split_k, stages)
@@ -145,12 +153,7 @@ def test_sliced_k_matches_reference(slice_k, layout, tile, packing, split_k, sta
                                 packing=packing, split_k=split_k, stages=stages,
                                 slice_k=slice_k, a_layout=layout, a_tile=tile)
     kernel = nmgen.Kernel(config)
-    rng = np.random.default_rng(SEED)
-    for m_rows, k, n_cols in [*((m, 333, 257) for m in M_EDGES), (300, 4096 + 13, 131)]:
-        err = check_case(kernel, rng, m_rows, k, n_cols)
-        assert err < RTOL, (f"{config.name} M={m_rows} K={k} N={n_cols}: relative error "
-                            f"{err:.3g} (seed {SEED})")
-        gpu_cases["kernel_cases"] += 1
+    check_shapes(kernel, [*EDGES, (300, 4096 + 13, 131)], gpu_cases)
 
 
 STREAM_K = [  # (A layout, A tile, packing, stages, MS, NS, MT, NT)
@@ -169,13 +172,9 @@ def test_stream_k_matches_reference(layout, tile, packing, stages, ms, ns, mt, n
     config = nmgen.KernelConfig(8, 32, 32, ms, ns, 64, mt, nt, packing=packing,
                                 stages=stages, stream_k=True, a_layout=layout, a_tile=tile)
     kernel = nmgen.Kernel(config)
+    check_shapes(kernel, [*EDGES, (300, 4096 + 13, 131), (2048 + 7, 1000, 4096 + 3)],
+                 gpu_cases)
     rng = np.random.default_rng(SEED)
-    for m_rows, k, n_cols in [*((m, 333, 257) for m in M_EDGES), (300, 4096 + 13, 131),
-                              (2048 + 7, 1000, 4096 + 3)]:
-        err = check_case(kernel, rng, m_rows, k, n_cols)
-        assert err < RTOL, (f"{config.name} M={m_rows} K={k} N={n_cols}: relative error "
-                            f"{err:.3g} (seed {SEED})")
-        gpu_cases["kernel_cases"] += 1
     b = nmgen.prune(rng.standard_normal((3000, 1000), dtype=np.float32), (8, 32), 32)
     a = make_a(rng, 777, 3000, config.a_layout)
     first, second = kernel(a, b), kernel(a, b)
@@ -204,14 +203,10 @@ def test_tma_matches_reference(layout, tile, split_k, stages, ms, ns, ks, mt, nt
     config = nmgen.KernelConfig(8, 32, 32, ms, ns, ks, mt, nt, split_k=split_k,
                                 stages=stages, tma=True, a_layout=layout, a_tile=tile)
     kernel = nmgen.Kernel(config)
-    rng = np.random.default_rng(SEED)
-    for m_rows, k, n_cols in [*((m, 333, 257) for m in M_EDGES), (1024, 4096 + 13, 131)]:
-        err = check_case(kernel, rng, m_rows, k, n_cols)
-        assert err < RTOL, (f"{config.name} M={m_rows} K={k} N={n_cols}: relative error "
-                            f"{err:.3g} (seed {SEED})")
-        gpu_cases["kernel_cases"] += 1
+    check_shapes(kernel, [*EDGES, (1024, 4096 + 13, 131)], gpu_cases)
     # K-major A of M % 4 != 0 has rows the engine cannot address: the twin ran those.
     assert (kernel._twin is not None) == (layout == "km")
+    rng = np.random.default_rng(SEED)
     b = nmgen.prune(rng.standard_normal((1000, 520), dtype=np.float32), (8, 32), 32)
     both = [make_a(rng, 512, 1000, config.a_layout) for _ in range(2)]  # two addresses
     for a in both:

@@ -1,6 +1,6 @@
-"""Two `nmgen show` tables of one set of problems, before and after: the tuned time's
-change per pattern and layout (geometric mean of before / after, its range) and the
-winners that changed.
+"""Two `nmgen show` tables, before and after: over the problems both hold, the tuned
+time's change per pattern and layout (geometric mean of before / after, its range) and
+the winners that changed. The after table may hold a part of the problems (one new tune).
 
     git show 2545baa:results/tuned_db_show.txt > /tmp/before.txt
     python tools/show_diff.py /tmp/before.txt results/tuned_db_show.txt
@@ -32,6 +32,8 @@ def main() -> None:
     ratios: dict[tuple[str, str], list[float]] = defaultdict(list)
     changed = defaultdict(int)
     for key, (ms, winner) in before.items():
+        if key not in after:
+            continue
         new_ms, new_winner = after[key]
         ratios[(key[1], key[3])].append(ms / new_ms)
         changed[(key[1], key[3])] += winner != new_winner

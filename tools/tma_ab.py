@@ -4,8 +4,8 @@
 The variant template (``--variant``, e.g. results/tma_h100/variant_tma.cu.j2) has one
 thread issue, per stage, a 2-D tensor copy of the A tile, one of the B' tile and a bulk
 copy of the index table, all counted on one mbarrier a buffer. Its two tensor maps are
-encoded here (``cuTensorMapEncodeTiled`` of the driver, through ctypes) and put in device
-memory where the shipped kernel's ROWS table pointer goes (an unpacked K-major kernel
+encoded here (``nmgen.gpu.tma.encode_matrix``) and put in device memory where the shipped
+kernel's ROWS table pointer goes (an unpacked K-major kernel
 does not read that table), so both versions launch with the same arguments otherwise.
 
 Each version is checked against float64 (NaN-poisoned output), then timed in turns with
@@ -18,7 +18,6 @@ cuBLAS SGEMM:
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import sys
 from pathlib import Path
@@ -31,38 +30,16 @@ from nmgen.codegen import render, render_text  # noqa: E402
 from nmgen.config import KernelConfig  # noqa: E402
 from nmgen.report import markdown_table  # noqa: E402
 
-FLOAT32 = 7  # CU_TENSOR_MAP_DATA_TYPE_FLOAT32
 TMA_STATIC_SMEM = 128  # the variant's mbarriers (ptxas reports 128 bytes of static smem)
-L2_PROMOTION = {"none": 0, "64": 1, "128": 2, "256": 3}
 
 
-def tensor_map(ptr: int, inner: int, outer: int, ld_floats: int, box: tuple[int, int],
-               l2: int) -> bytes:
-    """The 128-byte CUtensorMap of a row-major ``outer x inner`` float32 matrix with rows
-    ``ld_floats`` apart, copied in boxes of ``box`` = (inner, outer) elements; reads
-    outside the matrix fill zeros."""
-    cuda = ctypes.CDLL("libcuda.so.1")
-    encode = cuda.cuTensorMapEncodeTiled
-    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
-    out = (ctypes.c_uint8 * 128)()
-    dims = (u64 * 2)(inner, outer)
-    strides = (u64 * 1)(ld_floats * 4)
-    boxes = (u32 * 2)(*box)
-    steps = (u32 * 2)(1, 1)
-    encode.restype = ctypes.c_int
-    status = encode(ctypes.byref(out), FLOAT32, u32(2), ctypes.c_void_p(ptr), dims, strides,
-                    boxes, steps, 0, 0, l2, 0)
-    if status != 0:
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed: CUresult {status}")
-    return bytes(out)
-
-
-def tma_kernel(config: KernelConfig, source, bench, l2: int):
+def tma_kernel(config: KernelConfig, source, bench):
     """The variant's Kernel with its launch plan made by hand: the tensor maps of this
     bench's A and of the weight's B' in place of the ROWS pointer."""
     import cupy as cp
 
     from nmgen.gpu.launch import Kernel, device_layout, operand
+    from nmgen.gpu.tma import TensorMap, encode_matrix
 
     kernel = Kernel(config, source)
     a = bench.a_buffers[0]
@@ -72,8 +49,10 @@ def tma_kernel(config: KernelConfig, source, bench, l2: int):
     layout = device_layout(bench.weight, config)
     rows_b, ldb = layout.values.shape
     k_dim = bench.weight.shape[0]
-    maps = tensor_map(a_op.ptr, m_rows, k_dim, lda, (config.ms, config.ks), l2) + \
-        tensor_map(layout.values.data.ptr, ldb, rows_b, ldb, (config.ns, config.ws), l2)
+    map_a, map_b = TensorMap(), TensorMap()
+    encode_matrix(map_a, a_op.ptr, m_rows, k_dim, lda, (config.ms, config.ks))
+    encode_matrix(map_b, layout.values.data.ptr, ldb, rows_b, ldb, (config.ns, config.ws))
+    maps = bytes(map_a) + bytes(map_b)
     buffer = cp.asarray(np.frombuffer(maps, np.uint8))
     assert buffer.data.ptr % 128 == 0
     plan.args[3].value = buffer.data.ptr
@@ -89,8 +68,6 @@ def main() -> None:
     parser.add_argument("--configs", required=True, help="comma-separated kernel names")
     parser.add_argument("--size", type=int, default=4096)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--l2", choices=sorted(L2_PROMOTION), default="none",
-                        help="the tensor maps' L2 promotion")
     parser.add_argument("--max-stages", type=int, default=0,
                         help="allow configurations of up to this many stages (the shipped "
                              "limit is config.MAX_STAGES)")
@@ -122,8 +99,7 @@ def main() -> None:
         shipped = Kernel(config, render(config))
         kernels = {"shipped": shipped}
         if config.smem_bytes + TMA_STATIC_SMEM <= config.arch.max_smem_per_block:
-            kernels["tma"] = tma_kernel(config, render_text(config, text), bench,
-                                        L2_PROMOTION[args.l2])
+            kernels["tma"] = tma_kernel(config, render_text(config, text), bench)
         errors = {x: bench.error(k) for x, k in kernels.items()}
         errors.setdefault("tma", float("nan"))
         a0 = bench.a_buffers[0]  # the tensor map holds this buffer's address
@@ -143,14 +119,14 @@ def main() -> None:
     table = markdown_table(["configuration", "error shipped", "error TMA", "shipped ms",
                             "TMA ms", "shipped / SGEMM", "TMA / SGEMM",
                             "shipped ms / TMA ms"], rows)
-    out = (f"{gpu}, M=N=K={size}, L=32, K-major A; variant {args.variant.name}, L2 "
-           f"promotion {args.l2}; {args.rounds} rounds in turns\n\n{table}")
+    out = (f"{gpu}, M=N=K={size}, L=32, K-major A; variant {args.variant.name}; "
+           f"{args.rounds} rounds in turns\n\n{table}")
     print(out)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "tma_ab.md").write_text(out + "\n")
         (args.out / "tma_ab.json").write_text(json.dumps(
-            {"gpu": gpu, "size": size, "l2": args.l2, "rows": record}, indent=1) + "\n")
+            {"gpu": gpu, "size": size, "rows": record}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
