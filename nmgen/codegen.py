@@ -143,5 +143,6 @@ def _render(template: jinja2.Template, config: KernelConfig) -> KernelSource:
         min_blocks=min_blocks_per_sm(config),
         copy_tile=COPY_A_TILE,
         copy_threads=COPY_A_THREADS,
+        pos_t="int" if config.table_bytes == 4 else "unsigned short",
     )
     return KernelSource(config, code)

@@ -295,13 +295,27 @@ class KernelConfig:
 
     @property
     def pos_words(self) -> int:
-        """int32 words of the per-stage index table (A-tile row of every kept row), 16-B
+        """32-bit words of the per-stage index table (A-tile row of every kept row), 16-B
         padded; with TMA padded further, so that every stage buffer starts 128-B aligned."""
-        words = -(-self.block_groups * self.ws // 4) * 4
+        return self._table_words(self.table_bytes)
+
+    def _table_words(self, entry_bytes: int) -> int:
+        words = -(-self.block_groups * self.ws * entry_bytes // 16) * 4
         if self.tma:
             tiles = self.a_words + self.ws * self.ns + words
             words += -tiles % TMA_ALIGN_WORDS
         return words
+
+    @functools.cached_property
+    def table_bytes(self) -> int:
+        """Bytes of an index-table entry: int32, except for a TMA kernel whose int32 tables
+        would leave no room for its mbarriers; such a kernel keeps uint16 entries (a row
+        of the A tile, < KS <= 256). 12:32 at 128x256, KS 128, 2 stages is one: its int32
+        tiles and tables fill the 227 KB exactly. Every other kernel keeps int32."""
+        if not self.tma:
+            return 4
+        wide = 4 * self.stages * (self.a_words + self.ws * self.ns + self._table_words(4))
+        return 2 if wide + self.barrier_bytes > self.arch.max_smem_per_block else 4
 
     @property
     def stage_words(self) -> tuple[int, int, int]:
@@ -405,8 +419,9 @@ class KernelConfig:
                max(self.ms, self.ks, self.ns, self.ws) <= TMA_MAX_BOX)
         yield ("TMA copies (tma): MS * KS % 32 == 0 (the B' tile 128-byte aligned)",
                self.a_words % TMA_ALIGN_WORDS == 0)
-        yield ("TMA copies (tma): table of whole 16-byte chunks a stage "
-               "(NS/L groups * WS % 4 == 0)", self.block_groups * self.ws % 4 == 0)
+        yield (f"TMA copies (tma): table of whole 16-byte chunks a stage "
+               f"(NS/L groups * WS * {self.table_bytes} B % 16 == 0)",
+               self.block_groups * self.ws * self.table_bytes % 16 == 0)
 
     # ----------------------------------------------------------------- naming
     @functools.cached_property  # the search sorts thousands by name, again for every shape

@@ -30,17 +30,18 @@ class LayoutKey:
     ns: int
     ks: int
     packing: bool
+    table_bytes: int = 4  # int32 entries; uint16 where a kernel asks (KernelConfig.table_bytes)
 
     @classmethod
     def of(cls, config: KernelConfig) -> LayoutKey:
-        return cls(config.ns, config.ks, config.packing)
+        return cls(config.ns, config.ks, config.packing, config.table_bytes)
 
 
 @dataclass(frozen=True)
 class PreparedLayout:
     key: LayoutKey
     values: np.ndarray  # Wp×Np float32
-    pos: np.ndarray  # NB×T×G×WS int32
+    pos: np.ndarray  # NB×T×G×WS int32 (uint16 where the key says 2-byte entries)
     rows: np.ndarray | None  # NB×T×P int32 (packing only)
     seconds: float  # host time spent preparing
 
@@ -100,7 +101,8 @@ def prepare_layout(b: NMMatrix, config: KernelConfig) -> PreparedLayout:
     if config.packing:
         pos, rows = _pack(pos, ks, k_dense, config.a_rows)
     seconds = time.perf_counter() - start
-    return PreparedLayout(key, values, pos.astype(np.int32), rows, seconds)
+    table_type = np.uint16 if config.table_bytes == 2 else np.int32
+    return PreparedLayout(key, values, pos.astype(table_type), rows, seconds)
 
 
 def _pack(pos: np.ndarray, ks: int, k_dense: int, p_max: int) -> tuple[np.ndarray, np.ndarray]:

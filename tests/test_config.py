@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+import nmgen
 from nmgen.config import ALayout, Arch, ConfigError, KernelConfig
 from nmgen.space import Problem, enumerate_configs, random_config
 
@@ -56,6 +57,21 @@ def test_tma_is_named_and_sized():
     assert "tma" not in plain.to_dict()  # older kernels unchanged
     copied = config.replace(a_layout="rm", a_tile="tx")
     assert copied.name.endswith("_rm_tx_tma_sm90") and KernelConfig.from_name(copied.name) == copied
+
+
+def test_tma_table_is_narrowed_only_where_int32_leaves_no_room():
+    """12:32 at 128x256, KS 128, 2 stages: int32 tiles and tables fill the 227 KB, so the
+    TMA kernel keeps uint16 entries (room for its mbarriers); its cp.async twin and every
+    kernel that fits keep int32."""
+    wide = KernelConfig(12, 32, 32, 128, 256, 128, 16, 8, stages=2, a_layout="km")
+    assert wide.smem_bytes == Arch.SM90.max_smem_per_block and wide.table_bytes == 4
+    narrow = wide.replace(tma=True)
+    assert narrow.table_bytes == 2 and narrow.smem_bytes <= Arch.SM90.max_smem_per_block
+    assert narrow.pos_words * 4 >= 2 * narrow.block_groups * narrow.ws
+    assert sum(narrow.stage_words) % 32 == 0  # stages still 128-byte aligned
+    assert "unsigned short* __restrict__ POS" in nmgen.render(narrow).code
+    fits = KernelConfig(12, 32, 32, 128, 256, 64, 16, 8, stages=3, a_layout="km", tma=True)
+    assert fits.table_bytes == 4 and "unsigned short" not in nmgen.render(fits).code
 
 
 @pytest.mark.parametrize("change, rule", [

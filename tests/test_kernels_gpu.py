@@ -216,6 +216,23 @@ def test_tma_matches_reference(layout, tile, split_k, stages, ms, ns, ks, mt, nt
         gpu_cases["kernel_cases"] += 1
 
 
+@pytest.mark.parametrize(("layout", "tile"), [("km", "tk"), ("rm", "tx")])
+def test_tma_uint16_table_matches_reference(layout, tile, gpu_cases):
+    """The TMA kernel whose index table is uint16 (int32 would leave no room for its
+    mbarriers: 12:32, 128x256, KS 128, 2 stages): M edges (K-major A the engine cannot
+    address runs the int32 cp.async twin), odd K and N, a long K with several blocks."""
+    import cupy as cp
+
+    if cp.cuda.Device().compute_capability != "90":
+        pytest.skip("the bulk copy engine is sm_90's")
+    config = nmgen.KernelConfig(12, 32, 32, 128, 256, 128, 16, 8, stages=2, tma=True,
+                                a_layout=layout, a_tile=tile)
+    assert config.table_bytes == 2
+    kernel = nmgen.Kernel(config)
+    check_shapes(kernel, [*EDGES, (384, 4096 + 13, 771)], gpu_cases)
+    assert (kernel._twin is not None) == (layout == "km")
+
+
 def test_copied_a_from_torch_on_a_side_stream(gpu_cases):
     torch = pytest.importorskip("torch")
     config = nmgen.KernelConfig(4, 8, 16, 64, 64, 32, 4, 4, a_tile="tx")

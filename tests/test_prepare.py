@@ -52,6 +52,22 @@ def test_prepared_tables_reproduce_the_product(seed):
                                rtol=1e-9, atol=1e-9)
 
 
+def test_narrow_table_holds_the_same_rows_as_uint16():
+    """A TMA kernel with uint16 table entries (KernelConfig.table_bytes) gets the same
+    layout, its table as uint16, and still reproduces the product."""
+    rng = np.random.default_rng()
+    b = nmgen.prune(rng.standard_normal((300, 260)), "12:32", 32)
+    narrow = nmgen.KernelConfig(12, 32, 32, 128, 256, 128, 16, 8, stages=2, a_layout="km",
+                                tma=True)
+    wide = narrow.replace(tma=False)
+    got, want = prepare_layout(b, narrow), prepare_layout(b, wide)
+    assert got.pos.dtype == np.uint16 and want.pos.dtype == np.int32
+    assert got.key != want.key and np.array_equal(got.pos, want.pos)
+    a = rng.standard_normal((3, 300))
+    np.testing.assert_allclose(emulate_kernel(a, b, narrow), nmgen.reference(a, b),
+                               rtol=1e-9, atol=1e-9)
+
+
 def test_packing_loads_fewer_rows_and_reports_its_cost():
     b = nmgen.prune(np.random.default_rng(0).standard_normal((512, 256)), "4:32", 32)
     config = nmgen.KernelConfig(4, 32, 32, 64, 128, 128, 8, 8, warp_m=4, warp_n=8,

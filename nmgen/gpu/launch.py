@@ -22,7 +22,7 @@ from ..config import ALayout, Arch, KernelConfig
 from ..format import NMMatrix
 from ..model import arch_of_capability, blocks_per_sm, gpu_of_device_name, gpu_spec
 from ..prepare import LayoutKey, prepare_layout
-from .tma import TensorMap, encode_matrix
+from .tma import TensorMap, addressable, encode_matrix
 
 NVRTC_OPTIONS = ("-std=c++17",)
 _LOCK = threading.Lock()
@@ -170,12 +170,6 @@ class CopyA:
 
 
 _C_VEC4 = 14  # index of the main kernel's c_vec4 argument
-
-
-def tma_addressable(ld: int, ptr: int) -> bool:
-    """Whether the bulk copy engine can read a matrix: 16-byte aligned, rows a multiple
-    of 16 bytes apart."""
-    return ptr % 16 == 0 and ld % 4 == 0
 
 
 @dataclass
@@ -368,7 +362,7 @@ class Kernel:
         out, c_op = _output(out, a, a_op, (m_rows, n_cols), self._out_checked)
         if m_rows == 0:
             return out
-        if self.config.tma and not self.config.a_copied and not tma_addressable(lda, a_op.ptr):
+        if self.config.tma and not self.config.a_copied and not addressable(a_op.ptr, lda):
             return self._cp_async_twin().run(a, a_op, b, out, stream)
         key = ("plan", self._source_key, a_op.device, m_rows, lda, a_op.ptr % 16 == 0)
         plan = b._prepared.get(key)

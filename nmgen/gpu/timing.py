@@ -339,12 +339,12 @@ class CompilePool:
                 continue
             future = self._batches.get(config.name)
             if future is None or _failed(future):  # a process that died: tried again
-                future = self._start(timed, config)
+                future = self._submit(timed, config)
                 self._batches[config.name] = future
             jobs.append((config.name, future))
         return CompileBatch(jobs + waiting)
 
-    def _start(self, timed: Callable[[str], CompileTime], config: KernelConfig) -> Future:
+    def _submit(self, timed: Callable[[str], CompileTime], config: KernelConfig) -> Future:
         if self.workers <= 1:  # no processes: compiled here, before this returns
             future: Future = Future()
             future.set_result(timed(config.to_json()))

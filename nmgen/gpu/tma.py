@@ -21,12 +21,18 @@ def _encode_tiled() -> Any:
     return encode
 
 
+def addressable(ptr: int, ld: int) -> bool:
+    """Whether the engine can read a float32 matrix at ``ptr`` with rows ``ld`` floats
+    apart: 16-byte aligned, rows a multiple of 16 bytes apart."""
+    return ptr % 16 == 0 and ld % 4 == 0
+
+
 def encode_matrix(out: ctypes.Array, ptr: int, cols: int, rows: int, ld: int,
                   box: tuple[int, int]) -> None:
     """Write into ``out`` the map of a float32 matrix of ``rows`` x ``cols`` at ``ptr``, rows
     ``ld`` floats apart, copied in boxes of ``box`` = (cols, rows); a box reaching past the
     matrix reads zeros there. Raises ValueError for what the engine cannot address."""
-    if ptr % 16 or ld % 4:  # launch.tma_addressable
+    if not addressable(ptr, ld):
         raise ValueError(f"TMA needs a 16-byte aligned matrix with rows a multiple of 4 "
                          f"floats apart (address {ptr:#x}, row stride {ld} floats)")
     u32, u64 = ctypes.c_uint32, ctypes.c_uint64
