@@ -218,13 +218,11 @@ class KernelConfig:
 
     @property
     def copy_fused(self) -> bool:
-        """``tf``: the main kernel's blocks copy A K-major themselves, in pieces of a block
-        row's slab taken by an atomic ticket: a block that ends takes its share of the
-        slab of the row that starts about then (as many rows on as fit on the GPU), and a
-        row's own blocks take whatever is left, then wait until every piece is done. A
-        block waits only for pieces that running blocks took, so it never waits on one
-        that has not started. The copy so overlaps other blocks' main loops (and needs
-        no second launch)."""
+        """``tf``: every block of a block row takes pieces of the row's A slab (an atomic
+        ticket) and copies them K-major until none is left, then waits until all are done.
+        A block waits only for pieces that running blocks took, so it never waits on a
+        block that has not started. Copying inside the main kernel overlaps the copy of
+        one block row with the main loops of the others (and saves the second launch)."""
         return self.a_layout is ALayout.ROW_MAJOR and self.a_tile is ATile.K_MAJOR_FUSED
 
     @property

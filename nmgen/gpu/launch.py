@@ -202,8 +202,7 @@ class LaunchPlan:
                  tma_a: TmaA | None = None, copy_ld: int = 0, copy_fused: bool = False):
         self.main, self.reduce, self.copy_a = main, reduce, copy_a
         # Row-major A copied K-major (tx, tf): the copy's row length; tf: the main kernel
-        # copies it itself (its last five arguments: A, lda, the copy, the block rows'
-        # state, how many block rows ahead a block copies when it ends).
+        # copies it itself (its last four arguments: A, lda, the copy, the block rows' state).
         self.copy_ld, self.copy_fused = copy_ld, copy_fused
         self.grid, self.threads, self.smem = grid, threads, smem
         # A, B', POS, ROWS, C, the scalars up to c_vec4 (_C_VEC4); stream-K adds the
@@ -225,8 +224,8 @@ class LaunchPlan:
         with self.lock:  # the argument block is shared by the threads of the process
             self.args[0].value = a_ptr
             if self.copy_fused:
-                self.args[-5].value, self.args[-3].value = fused[0], a_ptr
-                self.args[-2].value = fused[1]
+                self.args[-4].value, self.args[-2].value = fused[0], a_ptr
+                self.args[-1].value = fused[1]
             self.args[4].value = c_ptr
             self.args[_C_VEC4].value = self.c_vec4_ok and c_ptr % 16 == 0
             if self.tma_a is not None:
@@ -360,10 +359,7 @@ class Kernel:
             args += [map_a, map_b]
             tma_a = TmaA(map_a, m_rows, k_dim, lda, (c.ms, c.ks))
         if c.copy_fused:  # row-major A, its lda, the copy, the block rows' state: at the launch
-            # A block copies ahead for the block row that starts about when it ends: as many
-            # rows on as fit on the GPU at once.
-            resident = sms * _resident_blocks(main, c)
-            args += [u64(0), i64(lda_row), u64(0), u64(0), i32(-(-resident // grid[0]))]
+            args += [u64(0), i64(lda_row), u64(0), u64(0)]
         return LaunchPlan(main, reduce, grid, c.threads, c.smem_bytes, args, n_cols % 4 == 0,
                           max(1, min(-(-m_rows * n_cols // 256), sms * 16)), copy_a,
                           c.stream_k, tma_a, copy_ld, c.copy_fused)
