@@ -39,7 +39,7 @@ class KernelSource:
     @property
     def entry_points(self) -> tuple[str, ...]:
         extra = (["_reduce"] if self.config.split_k > 1 else []) + (
-            ["_transpose"] if self.config.a_copied and not self.config.copy_fused else [])
+            ["_transpose"] if self.config.a_copied else [])
         return (self.name, *(self.name + suffix for suffix in extra))
 
     @property

@@ -31,8 +31,6 @@ class ATile(str, Enum):
     #                        transposed after it (no landing tile; unpacked only)
     K_MAJOR_COPY = "tx"  # row-major A copied K-major by a transpose kernel first (two
     #                      launches and a K x M workspace); the main kernel is K-major's
-    K_MAJOR_FUSED = "tf"  # the same copy made by the main kernel's blocks: the first ones
-    #                       of a block row copy its slab in pieces, the others wait for it
 
 
 class Arch(str, Enum):
@@ -71,9 +69,6 @@ LATER_PARAMETERS: dict[str, Any] = {"slice_k": 1, "stream_k": False, "tma": Fals
 # alignment of a tensor copy's destination.
 TMA_MAX_BOX = 256
 TMA_ALIGN_WORDS = 32  # 128 bytes
-# The fused copy (tf) moves A in pieces of MS rows x up to FUSED_PIECE columns of K: a
-# piece a block at a time through shared memory, its loads all in flight at once.
-FUSED_PIECE = 128
 
 
 class ConfigError(ValueError):
@@ -210,34 +205,9 @@ class KernelConfig:
 
     @property
     def a_copied(self) -> bool:
-        """Row-major A copied K-major into a workspace that the main loop reads as K-major
-        A: by a transpose kernel before the main kernel (``tx``), or by the main kernel's
-        own blocks before their main loop (``tf``, ``copy_fused``)."""
-        return self.a_layout is ALayout.ROW_MAJOR and self.a_tile in (ATile.K_MAJOR_COPY,
-                                                                     ATile.K_MAJOR_FUSED)
-
-    @property
-    def copy_fused(self) -> bool:
-        """``tf``: every block of a block row takes pieces of the row's A slab (an atomic
-        ticket) and copies them K-major until none is left, then waits until all are done.
-        A block waits only for pieces that running blocks took, so it never waits on a
-        block that has not started. Copying inside the main kernel overlaps the copy of
-        one block row with the main loops of the others (and saves the second launch)."""
-        return self.a_layout is ALayout.ROW_MAJOR and self.a_tile is ATile.K_MAJOR_FUSED
-
-    @property
-    def fused_copy_words(self) -> int:
-        """Shared floats of the fused copy's transposing tile (fused_piece rows of K by MS,
-        one pad) and its ticket word; the copy runs before the pipeline and reuses its
-        buffers."""
-        return self.fused_piece * (self.ms + 1) + 4 if self.copy_fused else 0
-
-    @property
-    def fused_piece(self) -> int:
-        """Columns of K in a piece of the fused copy: up to FUSED_PIECE, at most 32 floats
-        a thread (all in registers at once), a power of two."""
-        most = max(1, min(FUSED_PIECE, 32 * self.threads // self.ms))
-        return 1 << (most.bit_length() - 1)
+        """Row-major A copied K-major by a transpose kernel before the main kernel, which
+        then reads it as K-major A (``tx``)."""
+        return self.a_layout is ALayout.ROW_MAJOR and self.a_tile is ATile.K_MAJOR_COPY
 
     @property
     def kernel_a_layout(self) -> ALayout:
@@ -363,8 +333,7 @@ class KernelConfig:
         reduction reuses once the main loop is done (and stream-K's state)."""
         pipeline = (self.stages * sum(self.stage_words) + self.landing_tiles * self.landing_words
                     + self.compute_tiles * self.a_words)
-        return (4 * max(pipeline, self.reduce_words, self.fused_copy_words)
-                + self.stream_state_bytes + self.barrier_bytes)
+        return 4 * max(pipeline, self.reduce_words) + self.stream_state_bytes + self.barrier_bytes
 
     @property
     def stream_state_bytes(self) -> int:
@@ -402,7 +371,7 @@ class KernelConfig:
         yield ("KS <= 1024", self.ks <= 1024)
         yield (f"slice_k <= {MAX_SLICES} and WS % slice_k == 0 (whole rows a slice)",
                self.slice_k <= MAX_SLICES and self.ws % self.slice_k == 0)
-        yield ("M-major, staged and copied A tiles (tm, tr, tx, tf) need row-major A (rm)",
+        yield ("M-major, staged and copied A tiles (tm, tr, tx) need row-major A (rm)",
                self.a_tile is ATile.K_MAJOR or self.a_layout is ALayout.ROW_MAJOR)
         yield ("staged A tile (tr) without packing", not (self.staged and self.packing))
         yield ("staged A tile (tr) needs the swizzled tile (32 | MS, 32 | A rows, MT 4 or "
@@ -417,9 +386,6 @@ class KernelConfig:
         # 101 stream-K winners of the tuned database are all K-major or copied A.
         yield ("stream-K (stream_k) only where the kernel reads K-major A (km, or rm_tx)",
                not self.stream_k or self.kernel_a_layout is ALayout.K_MAJOR)
-        # The main loop reads the copy, written during the kernel, through the engine
-        # (after a proxy fence), never through the non-coherent cp.async or __ldg paths.
-        yield ("fused copy (tf) needs the TMA copies (tma)", not self.copy_fused or self.tma)
         yield from self._tma_rules()
         yield (f"registers (~{self.registers_estimate}) <= {MAX_REGISTERS}",
                self.registers_estimate <= MAX_REGISTERS)
@@ -545,6 +511,6 @@ _NAME_RE = re.compile(
     r"^nm_spmm_(?P<family>[a-z0-9]+)_n(?P<n>\d+)m(?P<m>\d+)l(?P<vec>\d+)"
     r"_ms(?P<ms>\d+)ns(?P<ns>\d+)ks(?P<ks>\d+)_mt(?P<mt>\d+)nt(?P<nt>\d+)"
     r"_w(?P<warp_m>\d+)x(?P<warp_n>\d+)_(?P<pack>pack|nopack)_s(?P<stages>\d+)"
-    r"_k(?P<split_k>\d+)(?:_sk(?P<slice_k>\d+))?(?P<streamk>_streamk)?_(?P<layout>rm|km)(?:_(?P<tile>tk|tm|tr|tx|tf))?(?P<tma>_tma)?_sm(?P<arch>\d+)$"
+    r"_k(?P<split_k>\d+)(?:_sk(?P<slice_k>\d+))?(?P<streamk>_streamk)?_(?P<layout>rm|km)(?:_(?P<tile>tk|tm|tr|tx))?(?P<tma>_tma)?_sm(?P<arch>\d+)$"
 )
 _EXAMPLE_NAME = "nm_spmm_f32_n8m32l32_ms128ns128ks32_mt8nt8_w8x4_pack_s2_k1_rm_sm90"

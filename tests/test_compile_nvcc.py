@@ -112,16 +112,12 @@ def test_stream_k_core_tiles_compile_without_spills(name):
 # The bulk copy engine (sm_90): K-major and copied A, both pipeline depths it takes, with
 # and without split-K; and the core benchmark's TMA kernels.
 TMA_VARIANTS = list(itertools.product(((ALayout.K_MAJOR, ATile.K_MAJOR),
-                                       (ALayout.ROW_MAJOR, ATile.K_MAJOR_COPY),
-                                       (ALayout.ROW_MAJOR, ATile.K_MAJOR_FUSED)), (2, 3), (1, 3)))
+                                       (ALayout.ROW_MAJOR, ATile.K_MAJOR_COPY)), (2, 3), (1, 3)))
 TMA_CORE = ["nm_spmm_f32_n16m32l32_ms128ns256ks64_mt16nt8_w8x4_nopack_s3_k1_km_tma_sm90",
             "nm_spmm_f32_n12m32l32_ms128ns256ks64_mt16nt8_w8x4_nopack_s3_k1_rm_tx_tma_sm90",
             "nm_spmm_f32_n4m32l32_ms128ns256ks128_mt16nt8_w8x4_nopack_s2_k1_km_tma_sm90",
             # uint16 table (KernelConfig.table_bytes): int32 would leave no room for barriers
-            "nm_spmm_f32_n12m32l32_ms128ns256ks128_mt16nt8_w8x4_nopack_s2_k1_km_tma_sm90",
-            # the fused copy (tf) must leave the main loop's registers as they were (127)
-            "nm_spmm_f32_n8m32l32_ms64ns256ks64_mt16nt4_w4x8_nopack_s2_k1_rm_tf_tma_sm90",
-            "nm_spmm_f32_n4m32l32_ms64ns256ks128_mt16nt4_w4x8_nopack_s2_k1_rm_tf_tma_sm90"]
+            "nm_spmm_f32_n12m32l32_ms128ns256ks128_mt16nt8_w8x4_nopack_s2_k1_km_tma_sm90"]
 
 
 @pytest.mark.parametrize("layout_tile, stages, split_k", TMA_VARIANTS, ids=_variant_id)

@@ -74,27 +74,6 @@ def test_tma_table_is_narrowed_only_where_int32_leaves_no_room():
     assert fits.table_bytes == 4 and "unsigned short" not in nmgen.render(fits).code
 
 
-def test_fused_copy_is_named_sized_and_needs_tma():
-    """tf: row-major A copied K-major by the main kernel itself (no transpose kernel);
-    its transposing tile reuses the pipeline's shared memory; the main loop must read
-    the copy through the bulk copy engine."""
-    config = KernelConfig(8, 32, 32, 64, 256, 64, 16, 4, warp_m=4, warp_n=8, stages=2,
-                          a_layout="rm", a_tile="tf", tma=True)
-    assert config.name.endswith("_s2_k1_rm_tf_tma_sm90")
-    assert KernelConfig.from_name(config.name) == config
-    assert config.a_copied and config.copy_fused
-    assert config.kernel_a_layout is ALayout.K_MAJOR
-    assert 4 * config.fused_copy_words <= config.smem_bytes
-    assert config.fused_piece * config.ms <= 32 * config.threads
-    assert nmgen.render(config).entry_points == (config.name,)  # no transpose kernel
-    copied = config.replace(a_tile="tx")
-    assert copied.copy_fused is False and len(nmgen.render(copied).entry_points) == 2
-    with pytest.raises(ConfigError, match=r"fused copy \(tf\) needs the TMA copies"):
-        config.replace(tma=False)
-    with pytest.raises(ConfigError, match="need row-major A"):
-        config.replace(a_layout="km")
-
-
 @pytest.mark.parametrize("change, rule", [
     (dict(arch="sm_80"), "TMA copies (tma) need sm_90"),
     (dict(packing=True), "TMA copies (tma) without packing"),

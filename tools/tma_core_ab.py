@@ -9,7 +9,6 @@ SGEMM. Ratios come from one run; rows of one pattern and layout are timed in tur
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 from pathlib import Path
@@ -32,20 +31,19 @@ TARGET = {"16:32": 1.87, "12:32": 2.5, "8:32": 3.6, "4:32": 6.2}
 
 def candidates(pattern: str, layout: ALayout, tiles: list[str] | None = None,
                pipelines: list[tuple[int, int]] | None = None,
-               tmas: tuple[bool, ...] = (False, True),
-               rm_tiles: tuple[str, ...] = ("tx",)) -> list[KernelConfig]:
+               tmas: tuple[bool, ...] = (False, True)) -> list[KernelConfig]:
     n, m = (int(x) for x in pattern.split(":"))
     out = []
-    a_tiles = rm_tiles if layout is ALayout.ROW_MAJOR else ("tk",)
     for tile in tiles or [CORE_TILE]:
         ms, ns, mt, nt, wm, wn = (int(x) for x in tile.split("x"))
         for windows, stages in pipelines or PIPELINES[pattern]:
-            for tma, a_tile in itertools.product(tmas, a_tiles):
+            for tma in tmas:
                 try:
                     out.append(KernelConfig(
                         n, m, 32, ms, ns, m * windows, mt, nt, warp_m=wm, warp_n=wn,
-                        stages=stages, a_layout=layout, tma=tma, a_tile=a_tile))
-                except ValueError:  # e.g. the fused copy (tf) without TMA
+                        stages=stages, a_layout=layout, tma=tma,
+                        a_tile="tx" if layout is ALayout.ROW_MAJOR else "tk"))
+                except ValueError:  # e.g. the 12:32 128-row stage and its barriers past 227 KB
                     continue
     return out
 
@@ -65,9 +63,6 @@ def main() -> None:
     parser.add_argument("--only-cores", action="store_true",
                         help="time only the core kernel and the cp.async core of before TMA "
                              "(space.CORE_KERNELS_CP_ASYNC) of each pattern and layout")
-    parser.add_argument("--rm-tiles", default="tx",
-                        help="A tiles of row-major A: tx (transpose kernel first), tf (fused "
-                             "copy); with --only-cores, the core kernel in each")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
@@ -84,7 +79,6 @@ def main() -> None:
     sgemm = dense_gemm(Dense.SGEMM, dense, dense)
     pipelines = [tuple(int(x) for x in p.split("x")) for p in args.pipelines.split(",") if p]
     tmas = {"both": (False, True), "yes": (True,), "no": (False,)}[args.tma]
-    rm_tiles = tuple(args.rm_tiles.split(","))
     jobs = []
     for p in args.patterns.split(","):
         for layout in (ALayout(x) for x in args.layouts.split(",")):
@@ -94,11 +88,8 @@ def main() -> None:
                 tile, windows, stages = CORE_KERNELS_CP_ASYNC[(n, m)]
                 configs = [*candidates(p, layout, [CORE_TILE_NAMES[tile]], [(windows, stages)],
                                        (False,)), core]
-                if layout is ALayout.ROW_MAJOR:  # the core kernel with the other A tiles
-                    configs += [core.replace(a_tile=t) for t in rm_tiles if t != core.a_tile.value]
             else:
-                configs = candidates(p, layout, args.tiles.split(","), pipelines or None, tmas,
-                                     rm_tiles)
+                configs = candidates(p, layout, args.tiles.split(","), pipelines or None, tmas)
             if args.with_core and core is not None and core not in configs:
                 configs.insert(0, core)
             jobs.append((p, layout, configs))

@@ -199,11 +199,8 @@ class LaunchPlan:
     def __init__(self, main: Any, reduce: Any, grid: tuple[int, int, int], threads: int,
                  smem: int, args: list[ctypes._SimpleCData], c_vec4_ok: bool,
                  reduce_grid: int, copy_a: CopyA | None = None, stream_k: bool = False,
-                 tma_a: TmaA | None = None, copy_ld: int = 0, copy_fused: bool = False):
+                 tma_a: TmaA | None = None):
         self.main, self.reduce, self.copy_a = main, reduce, copy_a
-        # Row-major A copied K-major (tx, tf): the copy's row length; tf: the main kernel
-        # copies it itself (its last four arguments: A, lda, the copy, the block rows' state).
-        self.copy_ld, self.copy_fused = copy_ld, copy_fused
         self.grid, self.threads, self.smem = grid, threads, smem
         # A, B', POS, ROWS, C, the scalars up to c_vec4 (_C_VEC4); stream-K adds the
         # partial-sum workspace, the flags and the tile counts; TMA the tensor maps of A
@@ -217,15 +214,10 @@ class LaunchPlan:
         self.lock = threading.Lock()
 
     def launch(self, a_ptr: int, c_ptr: int, stream_ptr: int,
-               scratch: tuple[int, int] = (0, 0), fused: tuple[int, int] = (0, 0)) -> None:
-        """``scratch``: stream-K's partial-sum workspace and zeroed flags. ``fused``: for
-        a fused copy (tf), row-major A and the zeroed state of the block rows; ``a_ptr``
-        is then the copy's workspace."""
+               scratch: tuple[int, int] = (0, 0)) -> None:
+        """``scratch``: stream-K's partial-sum workspace and zeroed flags."""
         with self.lock:  # the argument block is shared by the threads of the process
             self.args[0].value = a_ptr
-            if self.copy_fused:
-                self.args[-4].value, self.args[-2].value = fused[0], a_ptr
-                self.args[-1].value = fused[1]
             self.args[4].value = c_ptr
             self.args[_C_VEC4].value = self.c_vec4_ok and c_ptr % 16 == 0
             if self.tma_a is not None:
@@ -312,8 +304,7 @@ class Kernel:
 
                 self._functions[device] = (main.kernel,
                                            helper("_reduce", self.config.split_k > 1),
-                                           helper("_transpose", self.config.a_copied
-                                                  and not self.config.copy_fused))
+                                           helper("_transpose", self.config.a_copied))
             return self._functions[device]
 
     def _plan(self, b: NMMatrix, device: int, m_rows: int, lda: int, a_aligned: bool
@@ -323,14 +314,12 @@ class Kernel:
         layout = device_layout(b, c)
         k_dim, n_cols = b.shape
         u64, i32, i64 = ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64
-        copy_a, copy_ld, lda_row = None, 0, lda
-        if c.a_copied:  # the main loop reads an aligned K-major copy
-            copy_ld = -(-m_rows // 4) * 4
-            if transpose is not None:  # made by the transpose kernel first (tx)
-                copy_a = CopyA(transpose, (-(-k_dim // COPY_A_TILE), -(-copy_ld // COPY_A_TILE),
-                                           1), copy_ld,
-                               [u64(0), u64(0), i32(m_rows), i32(k_dim), i64(lda), i64(copy_ld)])
-            lda, a_aligned = copy_ld, True  # the workspace comes from CuPy's pool: 256-B aligned
+        copy_a = None
+        if transpose is not None:  # the main kernel reads an aligned K-major copy
+            ld = -(-m_rows // 4) * 4
+            copy_a = CopyA(transpose, (-(-k_dim // COPY_A_TILE), -(-ld // COPY_A_TILE), 1), ld,
+                           [u64(0), u64(0), i32(m_rows), i32(k_dim), i64(lda), i64(ld)])
+            lda, a_aligned = ld, True  # the workspace comes from CuPy's pool: 256-B aligned
         # 16-byte copies along A's contiguous dimension need it and the rows aligned.
         extent = k_dim if c.kernel_a_layout is ALayout.ROW_MAJOR else m_rows
         a_vec4 = extent % 4 == 0 and lda % 4 == 0 and a_aligned
@@ -358,11 +347,9 @@ class Kernel:
                           (c.ns, c.ws))
             args += [map_a, map_b]
             tma_a = TmaA(map_a, m_rows, k_dim, lda, (c.ms, c.ks))
-        if c.copy_fused:  # row-major A, its lda, the copy, the block rows' state: at the launch
-            args += [u64(0), i64(lda_row), u64(0), u64(0)]
         return LaunchPlan(main, reduce, grid, c.threads, c.smem_bytes, args, n_cols % 4 == 0,
                           max(1, min(-(-m_rows * n_cols // 256), sms * 16)), copy_a,
-                          c.stream_k, tma_a, copy_ld, c.copy_fused)
+                          c.stream_k, tma_a)
 
     def __call__(self, a: Any, b: NMMatrix, out: Any = None, stream: Any = None) -> Any:
         return self.run(a, operand(a, "a"), b, out, stream)
@@ -383,20 +370,16 @@ class Kernel:
             plan = b._prepared[key] = self._plan(b, a_op.device, m_rows, lda, key[-1])
         handle = _stream(stream, a_op)
         stream_ptr = _current_stream_ptr() if handle is None else handle.ptr
-        if plan.reduce is None and not plan.copy_ld and not plan.stream_k:
+        if plan.reduce is None and plan.copy_a is None and not plan.stream_k:
             plan.launch(a_op.ptr, c_op.ptr, stream_ptr)
             return out
         # Workspaces come from CuPy's pool on the launch stream, so that a later call on
         # the same stream reuses them only after these kernels.
         with handle if handle is not None else cp.cuda.get_current_stream():
-            a_ptr, fused = a_op.ptr, (0, 0)
-            if plan.copy_ld:  # row-major A copied K-major (tx, tf) into a workspace
-                a_copy = cp.empty((b.shape[0], plan.copy_ld), np.float32)
-                if plan.copy_fused:  # two zeroed words a block row: tickets, pieces done
-                    state = cp.zeros(2 * plan.grid[1], np.int32)
-                    fused = (a_ptr, state.data.ptr)
-                else:
-                    plan.launch_copy_a(a_ptr, a_copy.data.ptr, stream_ptr)
+            a_ptr = a_op.ptr
+            if plan.copy_a is not None:
+                a_copy = cp.empty((b.shape[0], plan.copy_a.ld), np.float32)
+                plan.launch_copy_a(a_ptr, a_copy.data.ptr, stream_ptr)
                 a_ptr = a_copy.data.ptr
             if plan.stream_k:  # a partial-sum slot and a flag a block; flags start at 0
                 blocks = plan.grid[0]
@@ -405,10 +388,10 @@ class Kernel:
                 plan.launch(a_ptr, c_op.ptr, stream_ptr, (partials.data.ptr, flags.data.ptr))
                 return out
             if plan.reduce is None:
-                plan.launch(a_ptr, c_op.ptr, stream_ptr, fused=fused)
+                plan.launch(a_ptr, c_op.ptr, stream_ptr)
                 return out
             workspace = cp.empty((self.config.split_k, m_rows, n_cols), np.float32)
-            plan.launch(a_ptr, workspace.data.ptr, stream_ptr, fused=fused)
+            plan.launch(a_ptr, workspace.data.ptr, stream_ptr)
             plan.reduce((plan.reduce_grid,), (256,), (workspace, np.uint64(c_op.ptr),
                                                      np.int32(m_rows), np.int32(n_cols),
                                                      np.int64(n_cols)), 0, handle)
