@@ -25,7 +25,7 @@ from typing import Any
 import optuna
 from sqlalchemy.engine import Engine
 
-from .config import ALayout, Arch, ATile, KernelConfig
+from .config import ALayout, ATile, KernelConfig
 from .db import (
     GOOD,
     ProblemKey,
@@ -50,6 +50,7 @@ from .space import (
     Problem,
     core_config,
     enumerate_configs,
+    tma_choices,
     try_config,
 )
 
@@ -160,7 +161,7 @@ def _tiles(task: TuneTask) -> tuple[str, ...]:
 
 
 def _tma(task: TuneTask) -> tuple[bool, ...]:
-    return task.space.tma if task.gpu.arch is Arch.SM90 else (False,)
+    return task.space.tma if True in tma_choices(task.problem) else (False,)
 
 
 def search_choices(task: TuneTask) -> dict[str, tuple]:

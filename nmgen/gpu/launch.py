@@ -397,7 +397,6 @@ class Kernel:
                                                      np.int64(n_cols)), 0, handle)
         return out
 
-
     def _cp_async_twin(self) -> Kernel:
         """The same tiles with cp.async copies: what a ``tma`` kernel runs on an A that
         the bulk copy engine cannot address."""
