@@ -31,20 +31,21 @@ TARGET = {"16:32": 1.87, "12:32": 2.5, "8:32": 3.6, "4:32": 6.2}
 
 def candidates(pattern: str, layout: ALayout, tiles: list[str] | None = None,
                pipelines: list[tuple[int, int]] | None = None,
-               tmas: tuple[bool, ...] = (False, True)) -> list[KernelConfig]:
+               tmas: tuple[bool, ...] = (False, True),
+               rm_tiles: tuple[str, ...] = ("tx",)) -> list[KernelConfig]:
     n, m = (int(x) for x in pattern.split(":"))
     out = []
     for tile in tiles or [CORE_TILE]:
         ms, ns, mt, nt, wm, wn = (int(x) for x in tile.split("x"))
         for windows, stages in pipelines or PIPELINES[pattern]:
             for tma in tmas:
-                try:
-                    out.append(KernelConfig(
-                        n, m, 32, ms, ns, m * windows, mt, nt, warp_m=wm, warp_n=wn,
-                        stages=stages, a_layout=layout, tma=tma,
-                        a_tile="tx" if layout is ALayout.ROW_MAJOR else "tk"))
-                except ValueError:  # e.g. the 12:32 128-row stage and its barriers past 227 KB
-                    continue
+                for a_tile in rm_tiles if layout is ALayout.ROW_MAJOR else ("tk",):
+                    try:
+                        out.append(KernelConfig(
+                            n, m, 32, ms, ns, m * windows, mt, nt, warp_m=wm, warp_n=wn,
+                            stages=stages, a_layout=layout, tma=tma, a_tile=a_tile))
+                    except ValueError:  # e.g. past 227 KB of shared memory
+                        continue
     return out
 
 
@@ -58,6 +59,8 @@ def main() -> None:
                         help="WINDOWSxSTAGES,... (default: per pattern, PIPELINES)")
     parser.add_argument("--layouts", default="km,rm")
     parser.add_argument("--tma", choices=("both", "yes", "no"), default="both")
+    parser.add_argument("--rm-tiles", default="tx",
+                        help="A tiles of the row-major candidates (tx, tw, ...)")
     parser.add_argument("--with-core", action="store_true",
                         help="add the shipped core kernel (space.core_config) of each layout")
     parser.add_argument("--only-cores", action="store_true",
@@ -89,7 +92,8 @@ def main() -> None:
                 configs = [*candidates(p, layout, [CORE_TILE_NAMES[tile]], [(windows, stages)],
                                        (False,)), core]
             else:
-                configs = candidates(p, layout, args.tiles.split(","), pipelines or None, tmas)
+                configs = candidates(p, layout, args.tiles.split(","), pipelines or None, tmas,
+                                     tuple(args.rm_tiles.split(",")))
             if args.with_core and core is not None and core not in configs:
                 configs.insert(0, core)
             jobs.append((p, layout, configs))
