@@ -60,7 +60,7 @@ def main() -> None:
     parser.add_argument("--layouts", default="km,rm")
     parser.add_argument("--tma", choices=("both", "yes", "no"), default="both")
     parser.add_argument("--rm-tiles", default="tx",
-                        help="A tiles of the row-major candidates (tx, tw, ...)")
+                        help="A tiles of the row-major candidates (tx, tk, tm, tr)")
     parser.add_argument("--with-core", action="store_true",
                         help="add the shipped core kernel (space.core_config) of each layout")
     parser.add_argument("--only-cores", action="store_true",
