@@ -31,9 +31,6 @@ class ATile(str, Enum):
     #                        transposed after it (no landing tile; unpacked only)
     K_MAJOR_COPY = "tx"  # row-major A copied K-major by a transpose kernel first (two
     #                      launches and a K x M workspace); the main kernel is K-major's
-    K_MAJOR_WARP = "tw"  # row-major A lands M-major by the bulk copy engine (TMA); a copy
-    #                      warp of the block transposes it into K-major compute tiles
-    #                      while the other warps compute (warp specialization)
 
 
 class Arch(str, Enum):
@@ -59,7 +56,6 @@ class Family(str, Enum):
 
 
 MAX_THREADS = 1024
-WARP_COPY_WARPS = 2  # tw: the copy warps a block adds
 MAX_REGISTERS = 255
 MAX_STAGES = 3
 MAX_SLICES = 8
@@ -137,16 +133,6 @@ class KernelConfig:
         return self.slice_threads * self.slice_k
 
     @property
-    def producer_threads(self) -> int:
-        """Threads of the copy warp that a ``tw`` block adds to its computing threads."""
-        return 32 * WARP_COPY_WARPS if self.warp_copied else 0
-
-    @property
-    def block_threads(self) -> int:
-        """Threads a block is launched with: the computing threads and any copy warp."""
-        return self.threads + self.producer_threads
-
-    @property
     def reduce_words(self) -> int:
         """Floats of the shared tile where the slices add up their partial sums."""
         return self.ms * self.ns if self.slice_k > 1 else 0
@@ -193,26 +179,18 @@ class KernelConfig:
         return self.ms
 
     @property
-    def a_row_pad(self) -> int:
-        """``tw``: floats added after every 8 K rows of the compute tile, so that K row k
-        starts at ``k * a_stride + 4 * (k // 8)``. The copy warp's 16-byte stores then
-        reach 8 K rows 4 apart in 8 different bank quads (the 4-float pad alone would put
-        rows 8 apart in the same quad)."""
-        return 4 if self.warp_copied else 0
-
-    @property
     def swizzle(self) -> bool:
         """Transposing stores go to an XOR-swizzled tile: float4 chunk j of K row k is
         stored at chunk j ^ (k/4 mod 8). A warp's transposing stores (4 M rows x 8 chunks
         along K) and its fragment reads then use all 32 banks. Needs whole 32-float
         windows: 32 | MS, 32 | A_ROWS, and a thread's row chunks 32 floats apart."""
-        return ((self.landing or self.staged) and self.ms % 32 == 0 and self.a_rows % 32 == 0
+        return (self.transposed and self.ms % 32 == 0 and self.a_rows % 32 == 0
                 and (self.mt == 4 or self.warp_m * 4 % 32 == 0))
 
     @property
     def a_words(self) -> int:
         rows = self.ms if self.a_tile is ATile.M_MAJOR else self.a_rows
-        return rows * self.a_stride + -(-rows // 8) * self.a_row_pad
+        return rows * self.a_stride
 
     @property
     def landing(self) -> bool:
@@ -232,12 +210,6 @@ class KernelConfig:
         return self.a_layout is ALayout.ROW_MAJOR and self.a_tile is ATile.K_MAJOR_COPY
 
     @property
-    def warp_copied(self) -> bool:
-        """Row-major A landed M-major by the bulk copy engine and transposed into K-major
-        compute tiles by a copy warp of the block (``tw``)."""
-        return self.a_layout is ALayout.ROW_MAJOR and self.a_tile is ATile.K_MAJOR_WARP
-
-    @property
     def kernel_a_layout(self) -> ALayout:
         """The layout the main kernel reads A in."""
         return ALayout.K_MAJOR if self.a_copied else self.a_layout
@@ -245,8 +217,8 @@ class KernelConfig:
     @property
     def transposed(self) -> bool:
         """Row-major A reaches a K-major compute tile by the threads' own transposing
-        stores (through a landing tile or through registers) or by a copy warp's."""
-        return self.landing or self.staged or self.warp_copied
+        stores (through a landing tile or through registers)."""
+        return self.landing or self.staged
 
     @property
     def a_slots(self) -> int:
@@ -280,10 +252,7 @@ class KernelConfig:
 
     @property
     def compute_tiles(self) -> int:
-        """K-major tiles the threads transpose into (double-buffered; one for one stage);
-        ``tw``: one a stage."""
-        if self.warp_copied:
-            return self.stages
+        """K-major tiles the threads transpose into (double-buffered; one for one stage)."""
         return (1 if self.stages == 1 else 2) if self.transposed else 0
 
     @property
@@ -333,7 +302,7 @@ class KernelConfig:
     def _table_words(self, entry_bytes: int) -> int:
         words = -(-self.block_groups * self.ws * entry_bytes // 16) * 4
         if self.tma:
-            tiles = (0 if self.transposed else self.a_words) + self.ws * self.ns + words
+            tiles = self.a_words + self.ws * self.ns + words
             words += -tiles % TMA_ALIGN_WORDS
         return words
 
@@ -345,9 +314,7 @@ class KernelConfig:
         tiles and tables fill the 227 KB exactly. Every other kernel keeps int32."""
         if not self.tma:
             return 4
-        wide = 4 * (self.stages * ((0 if self.transposed else self.a_words) + self.ws * self.ns
-                               + self._table_words(4))
-                    + self.landing_tiles * self.landing_words + self.compute_tiles * self.a_words)
+        wide = 4 * self.stages * (self.a_words + self.ws * self.ns + self._table_words(4))
         return 2 if wide + self.barrier_bytes > self.arch.max_smem_per_block else 4
 
     @property
@@ -375,10 +342,8 @@ class KernelConfig:
 
     @property
     def barrier_bytes(self) -> int:
-        """Shared memory past the pipeline for the TMA path's mbarriers: one a stage;
-        ``tw``: two (ready, empty)."""
-        count = self.stages * (2 if self.warp_copied else 1)
-        return -(-8 * count // 16) * 16 if self.tma else 0
+        """Shared memory past the pipeline for the TMA path's mbarriers (one a stage)."""
+        return -(-8 * self.stages // 16) * 16 if self.tma else 0
 
     def _rules(self) -> Iterator[tuple[str, bool]]:
         """(rule, holds) pairs, cheap ones first; lazily, so that a configuration is
@@ -399,8 +364,8 @@ class KernelConfig:
         yield ("warp_m * warp_n == 32", self.warp_m * self.warp_n == 32)
         yield ("MS % (MT * warp_m) == 0", self.ms % (self.mt * self.warp_m) == 0)
         yield ("NS % (NT * warp_n) == 0", self.ns % (self.nt * self.warp_n) == 0)
-        yield (f"threads = slice_k*(MS/MT)*(NS/NT), and the copy warp of tw, <= {MAX_THREADS}",
-               self.block_threads <= MAX_THREADS)
+        yield (f"threads = slice_k*(MS/MT)*(NS/NT) <= {MAX_THREADS}",
+               self.threads <= MAX_THREADS)
         yield ("MT * NT <= 128 accumulators", self.mt * self.nt <= 128)
         yield (f"1 <= stages <= {MAX_STAGES}", self.stages <= MAX_STAGES)
         yield ("KS <= 1024", self.ks <= 1024)
@@ -414,9 +379,6 @@ class KernelConfig:
                not self.staged or (self.swizzle and self.a_slots <= 16))
         yield ("sliced K (slice_k > 1) not with the staged A tile (tr)",
                self.slice_k == 1 or not self.staged)
-        yield ("warp-copied A tile (tw) needs TMA copies (tma)", not self.warp_copied or self.tma)
-        yield ("warp-copied A tile (tw): 32 | KS and 16 | MS (the copy warp's 4x4 blocks)",
-               not self.warp_copied or (self.ks % 32 == 0 and self.ms % 16 == 0))
         yield ("stream-K (stream_k) not with split-K or sliced K (split_k = slice_k = 1)",
                not self.stream_k or (self.split_k == 1 and self.slice_k == 1))
         # Row-major A tiles built in the kernel (tm, tr, landing tk) already need more
@@ -433,8 +395,8 @@ class KernelConfig:
         margin = STREAM_K_REGISTER_MARGIN * self.thread_groups
         yield (f"stream-K registers (~{self.registers_estimate} + {margin}) <= {MAX_REGISTERS}",
                not self.stream_k or self.registers_estimate + margin <= MAX_REGISTERS)
-        yield (f"threads * registers ({self.block_threads} * ~{self.registers_estimate}) <= "
-               f"{REGISTERS_PER_SM} per SM", self.block_threads * self.registers_estimate
+        yield (f"threads * registers ({self.threads} * ~{self.registers_estimate}) <= "
+               f"{REGISTERS_PER_SM} per SM", self.threads * self.registers_estimate
                <= REGISTERS_PER_SM)
         yield (f"shared memory {self.smem_bytes} B <= {self.arch.max_smem_per_block} B "
                f"({self.arch.value} limit per block)",
@@ -447,9 +409,8 @@ class KernelConfig:
         if not self.tma:
             return
         yield ("TMA copies (tma) need sm_90", self.arch is Arch.SM90)
-        yield ("TMA copies (tma) only where the kernel reads K-major A (km, rm_tx) or a copy "
-               "warp transposes it (rm_tw)",
-               self.kernel_a_layout is ALayout.K_MAJOR or self.warp_copied)
+        yield ("TMA copies (tma) only where the kernel reads K-major A (km, or rm_tx)",
+               self.kernel_a_layout is ALayout.K_MAJOR)
         yield ("TMA copies (tma) without packing", not self.packing)
         yield ("TMA copies (tma) need 2 or more stages", self.stages >= 2)
         yield ("TMA copies (tma) not with stream-K or sliced K (stream_k off, slice_k = 1)",
@@ -457,7 +418,7 @@ class KernelConfig:
         yield (f"TMA copies (tma): MS, KS, NS and WS <= {TMA_MAX_BOX} (box sides)",
                max(self.ms, self.ks, self.ns, self.ws) <= TMA_MAX_BOX)
         yield ("TMA copies (tma): MS * KS % 32 == 0 (the B' tile 128-byte aligned)",
-               self.warp_copied or self.a_words % TMA_ALIGN_WORDS == 0)
+               self.a_words % TMA_ALIGN_WORDS == 0)
         yield (f"TMA copies (tma): table of whole 16-byte chunks a stage "
                f"(NS/L groups * WS * {self.table_bytes} B % 16 == 0)",
                self.block_groups * self.ws * self.table_bytes % 16 == 0)
@@ -550,6 +511,6 @@ _NAME_RE = re.compile(
     r"^nm_spmm_(?P<family>[a-z0-9]+)_n(?P<n>\d+)m(?P<m>\d+)l(?P<vec>\d+)"
     r"_ms(?P<ms>\d+)ns(?P<ns>\d+)ks(?P<ks>\d+)_mt(?P<mt>\d+)nt(?P<nt>\d+)"
     r"_w(?P<warp_m>\d+)x(?P<warp_n>\d+)_(?P<pack>pack|nopack)_s(?P<stages>\d+)"
-    r"_k(?P<split_k>\d+)(?:_sk(?P<slice_k>\d+))?(?P<streamk>_streamk)?_(?P<layout>rm|km)(?:_(?P<tile>tk|tm|tr|tx|tw))?(?P<tma>_tma)?_sm(?P<arch>\d+)$"
+    r"_k(?P<split_k>\d+)(?:_sk(?P<slice_k>\d+))?(?P<streamk>_streamk)?_(?P<layout>rm|km)(?:_(?P<tile>tk|tm|tr|tx))?(?P<tma>_tma)?_sm(?P<arch>\d+)$"
 )
 _EXAMPLE_NAME = "nm_spmm_f32_n8m32l32_ms128ns128ks32_mt8nt8_w8x4_pack_s2_k1_rm_sm90"

@@ -68,10 +68,6 @@ CLOCK_GHZ = 1.9
 # DRAM bandwidth, and its launch adds a gap before the main kernel.
 COPY_BANDWIDTH_SHARE = 0.8
 COPY_LAUNCH_US = 2.0
-# A block with a copy warp (tw) is launched for two blocks an SM where shared memory allows,
-# in fewer registers than the estimate: ptxas kept the 16x4 tiles' computing warps in 112
-# registers without a spill (the estimate says 132).
-WARP_COPY_REGISTER_SLACK = 36
 # Reserved by the driver per resident block (CUDA occupancy calculator).
 SMEM_RESERVED_PER_BLOCK = 1024
 SMEM_PER_SM = {80: 164 * 1024, 86: 100 * 1024, 89: 100 * 1024, 90: 228 * 1024}
@@ -149,17 +145,13 @@ def smem_blocks_per_sm(config: KernelConfig, smem_per_sm: int | None = None) -> 
     return per_sm // (config.smem_bytes + SMEM_RESERVED_PER_BLOCK)
 
 
-def _registers_needed(config: KernelConfig) -> int:
-    return config.registers_estimate - (WARP_COPY_REGISTER_SLACK if config.warp_copied else 0)
-
-
 def min_blocks_per_sm(config: KernelConfig) -> int:
     """The ``__launch_bounds__`` occupancy hint: as many resident blocks as the register
     estimate and shared memory allow (at most 4), so that ptxas budgets registers for it."""
-    regs = _registers_needed(config)
+    regs = config.registers_estimate
     best = 1
     for blocks in (2, 3, 4):
-        fits_regs = REGISTERS_PER_SM // (config.block_threads * blocks) >= regs
+        fits_regs = REGISTERS_PER_SM // (config.threads * blocks) >= regs
         if fits_regs and blocks <= smem_blocks_per_sm(config):
             best = blocks
     return best
@@ -167,13 +159,12 @@ def min_blocks_per_sm(config: KernelConfig) -> int:
 
 def register_budget(config: KernelConfig) -> int:
     """Registers a thread may use under the launch bounds ``min_blocks_per_sm`` sets."""
-    return min(MAX_REGISTERS,
-               REGISTERS_PER_SM // (config.block_threads * min_blocks_per_sm(config)))
+    return min(MAX_REGISTERS, REGISTERS_PER_SM // (config.threads * min_blocks_per_sm(config)))
 
 
 def blocks_per_sm(config: KernelConfig, gpu: GpuSpec) -> int:
-    by_regs = REGISTERS_PER_SM // (config.block_threads * _registers_needed(config))
-    by_threads = gpu.max_threads_per_sm // config.block_threads
+    by_regs = REGISTERS_PER_SM // (config.threads * config.registers_estimate)
+    by_threads = gpu.max_threads_per_sm // config.threads
     return min(by_regs, by_threads, smem_blocks_per_sm(config, gpu.smem_per_sm),
                MAX_BLOCKS_PER_SM)
 

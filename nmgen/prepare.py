@@ -9,10 +9,7 @@ The user-facing ``NMMatrix`` stays canonical; a kernel wants, for every block co
 - with packing, ``rows``: the dense ``k`` of every A-tile row (``-1``: zero-fill), so
   that only rows some group needs are loaded.
 
-Non-packing tiles hold all ``KS`` rows, so ``pos`` is the row's offset in the stage;
-for a copy-warp kernel (``tw``) it is where that row starts in the compute tile
-(``row * stride + 4 * (row // 8)``: ``KernelConfig.a_row_pad``), which saves the inner
-loop that arithmetic.
+Non-packing tiles hold all ``KS`` rows, so ``pos`` is the row's offset in the stage.
 """
 
 from __future__ import annotations
@@ -34,12 +31,10 @@ class LayoutKey:
     ks: int
     packing: bool
     table_bytes: int = 4  # int32 entries; uint16 where a kernel asks (KernelConfig.table_bytes)
-    row_stride: int = 0  # tw: entries are row starts in a tile of this row stride; else rows
 
     @classmethod
     def of(cls, config: KernelConfig) -> LayoutKey:
-        return cls(config.ns, config.ks, config.packing, config.table_bytes,
-                   config.a_stride if config.warp_copied else 0)
+        return cls(config.ns, config.ks, config.packing, config.table_bytes)
 
 
 @dataclass(frozen=True)
@@ -105,8 +100,6 @@ def prepare_layout(b: NMMatrix, config: KernelConfig) -> PreparedLayout:
     rows = None
     if config.packing:
         pos, rows = _pack(pos, ks, k_dense, config.a_rows)
-    if key.row_stride:
-        pos = pos * key.row_stride + config.a_row_pad * (pos // 8)
     seconds = time.perf_counter() - start
     table_type = np.uint16 if config.table_bytes == 2 else np.int32
     return PreparedLayout(key, values, pos.astype(table_type), rows, seconds)

@@ -233,34 +233,6 @@ def test_tma_uint16_table_matches_reference(layout, tile, gpu_cases):
     assert (kernel._twin is not None) == (layout == "km")
 
 
-WARP_COPIED = [  # (n, m, L, split_k, stages, MS, NS, KS, MT, NT, warp_m, warp_n)
-    (4, 32, 32, 1, 2, 64, 256, 64, 16, 4, 4, 8), (8, 32, 32, 2, 3, 64, 256, 64, 16, 4, 4, 8),
-    (16, 32, 32, 1, 2, 128, 128, 32, 8, 8, 8, 4), (12, 32, 32, 1, 2, 128, 256, 64, 16, 8, 8, 4),
-    (2, 4, 8, 1, 3, 64, 128, 32, 8, 8, 8, 4),
-]
-
-
-@pytest.mark.parametrize(("n", "m", "vec", "split_k", "stages", "ms", "ns", "ks", "mt", "nt",
-                          "warp_m", "warp_n"), WARP_COPIED)
-def test_warp_copied_a_matches_reference(n, m, vec, split_k, stages, ms, ns, ks, mt, nt,
-                                         warp_m, warp_n, gpu_cases):
-    """Row-major A landed by the bulk copy engine and transposed by a copy warp (tw): the
-    M edges, K not a multiple of KS (the engine's zero fill), odd N, a long K; odd K
-    (rows the engine cannot address) runs the copied-A twin."""
-    import cupy as cp
-
-    if cp.cuda.Device().compute_capability != "90":
-        pytest.skip("the bulk copy engine is sm_90's")
-    config = nmgen.KernelConfig(n, m, vec, ms, ns, ks, mt, nt, warp_m=warp_m, warp_n=warp_n,
-                                split_k=split_k, stages=stages, tma=True, a_tile="tw")
-    kernel = nmgen.Kernel(config)
-    check_shapes(kernel, [(m_rows, 336, 257) for m_rows in M_EDGES]
-                 + [(1024, 4096 + 12, 131), (300, 2048, 4096)], gpu_cases)
-    assert kernel._twin is None
-    check_shapes(kernel, [(17, 333, 64)], gpu_cases)
-    assert kernel._twin is not None and kernel._twin.config.a_tile.value == "tx"
-
-
 def test_copied_a_from_torch_on_a_side_stream(gpu_cases):
     torch = pytest.importorskip("torch")
     config = nmgen.KernelConfig(4, 8, 16, 64, 64, 32, 4, 4, a_tile="tx")

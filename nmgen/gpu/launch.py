@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..codegen import COPY_A_THREADS, COPY_A_TILE, KernelSource, render
-from ..config import ALayout, Arch, ATile, KernelConfig
+from ..config import ALayout, Arch, KernelConfig
 from ..format import NMMatrix
 from ..model import arch_of_capability, blocks_per_sm, gpu_of_device_name, gpu_spec
 from ..prepare import LayoutKey, prepare_layout
@@ -251,7 +251,7 @@ def _resident_blocks(function: Any, config: KernelConfig) -> int:
     if occupancy is None:  # pragma: no cover - depends on the CuPy version
         gpu = gpu_of_device_name(device_info().name)
         return blocks_per_sm(config, gpu_spec(gpu)) if gpu else 1
-    return max(1, occupancy(function.ptr, config.block_threads, config.smem_bytes))
+    return max(1, occupancy(function.ptr, config.threads, config.smem_bytes))
 
 
 _STREAMS: dict[int, Any] = {}
@@ -346,11 +346,8 @@ class Kernel:
             encode_matrix(map_b, layout.values.data.ptr, ldb, layout.values.shape[0], ldb,
                           (c.ns, c.ws))
             args += [map_a, map_b]
-            if c.warp_copied:  # row-major A: boxes of KS along K (inner) x MS rows
-                tma_a = TmaA(map_a, k_dim, m_rows, lda, (c.ks, c.ms))
-            else:
-                tma_a = TmaA(map_a, m_rows, k_dim, lda, (c.ms, c.ks))
-        return LaunchPlan(main, reduce, grid, c.block_threads, c.smem_bytes, args, n_cols % 4 == 0,
+            tma_a = TmaA(map_a, m_rows, k_dim, lda, (c.ms, c.ks))
+        return LaunchPlan(main, reduce, grid, c.threads, c.smem_bytes, args, n_cols % 4 == 0,
                           max(1, min(-(-m_rows * n_cols // 256), sms * 16)), copy_a,
                           c.stream_k, tma_a)
 
@@ -401,13 +398,10 @@ class Kernel:
         return out
 
     def _cp_async_twin(self) -> Kernel:
-        """What a ``tma`` kernel runs on an A that the bulk copy engine cannot address: the
-        same tiles with cp.async copies; for ``tw``, the same tiles on A copied K-major
-        first (``tx``, whose copy the engine can read)."""
+        """The same tiles with cp.async copies: what a ``tma`` kernel runs on an A that
+        the bulk copy engine cannot address."""
         if self._twin is None:
-            twin = (self.config.replace(a_tile=ATile.K_MAJOR_COPY.value)
-                    if self.config.warp_copied else self.config.replace(tma=False))
-            self._twin = Kernel(twin)
+            self._twin = Kernel(self.config.replace(tma=False))
         return self._twin
 
     def _check_a(self, a_op: Operand, b: NMMatrix) -> tuple[int, int]:
