@@ -25,13 +25,6 @@ COPY_UNROLL = 8  # the stage-copy loops' unroll where it divides their trip coun
 # block of COPY_A_THREADS threads; the template and the launcher both take them from here.
 COPY_A_TILE = 64
 COPY_A_THREADS = 256
-# The copy beside the main kernel ("to"): one warp an SM; a job is OVERLAP_SLAB rows of K
-# by OVERLAP_SPAN rows of M (8 KB), landed by the bulk copy engine OVERLAP_BUFFERS jobs
-# ahead and counted in its slab's counter.
-OVERLAP_COPY_THREADS = 32
-OVERLAP_SLAB = 32
-OVERLAP_SPAN = 64
-OVERLAP_BUFFERS = 3
 
 
 @dataclass(frozen=True)
@@ -150,9 +143,6 @@ def _render(template: jinja2.Template, config: KernelConfig) -> KernelSource:
         min_blocks=min_blocks_per_sm(config),
         copy_tile=COPY_A_TILE,
         copy_threads=COPY_A_THREADS,
-        overlap_slab=OVERLAP_SLAB,
-        overlap_span=OVERLAP_SPAN,
-        overlap_buffers=OVERLAP_BUFFERS,
         pos_t="int" if config.table_bytes == 4 else "unsigned short",
     )
     return KernelSource(config, code)

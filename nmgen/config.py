@@ -31,9 +31,6 @@ class ATile(str, Enum):
     #                        transposed after it (no landing tile; unpacked only)
     K_MAJOR_COPY = "tx"  # row-major A copied K-major by a transpose kernel first (two
     #                      launches and a K x M workspace); the main kernel is K-major's
-    K_MAJOR_OVERLAP = "to"  # as tx, but the main kernel starts beside the transpose kernel
-    #                         (programmatic dependent launch) and waits, stage by stage,
-    #                         only for the K rows of the copy it reads next (TMA only)
 
 
 class Arch(str, Enum):
@@ -208,16 +205,9 @@ class KernelConfig:
 
     @property
     def a_copied(self) -> bool:
-        """Row-major A copied K-major by a transpose kernel, which the main kernel then
-        reads as K-major A (``tx``: after the copy; ``to``: beside it)."""
-        return self.a_layout is ALayout.ROW_MAJOR and self.a_tile in (ATile.K_MAJOR_COPY,
-                                                                      ATile.K_MAJOR_OVERLAP)
-
-    @property
-    def copy_overlapped(self) -> bool:
-        """``to``: the main kernel runs beside a persistent transpose kernel and waits for
-        each stage's K rows of the copy (per-64-row counters the copy raises)."""
-        return self.a_layout is ALayout.ROW_MAJOR and self.a_tile is ATile.K_MAJOR_OVERLAP
+        """Row-major A copied K-major by a transpose kernel before the main kernel, which
+        then reads it as K-major A (``tx``)."""
+        return self.a_layout is ALayout.ROW_MAJOR and self.a_tile is ATile.K_MAJOR_COPY
 
     @property
     def kernel_a_layout(self) -> ALayout:
@@ -381,7 +371,7 @@ class KernelConfig:
         yield ("KS <= 1024", self.ks <= 1024)
         yield (f"slice_k <= {MAX_SLICES} and WS % slice_k == 0 (whole rows a slice)",
                self.slice_k <= MAX_SLICES and self.ws % self.slice_k == 0)
-        yield ("M-major, staged and copied A tiles (tm, tr, tx, to) need row-major A (rm)",
+        yield ("M-major, staged and copied A tiles (tm, tr, tx) need row-major A (rm)",
                self.a_tile is ATile.K_MAJOR or self.a_layout is ALayout.ROW_MAJOR)
         yield ("staged A tile (tr) without packing", not (self.staged and self.packing))
         yield ("staged A tile (tr) needs the swizzled tile (32 | MS, 32 | A rows, MT 4 or "
@@ -389,8 +379,6 @@ class KernelConfig:
                not self.staged or (self.swizzle and self.a_slots <= 16))
         yield ("sliced K (slice_k > 1) not with the staged A tile (tr)",
                self.slice_k == 1 or not self.staged)
-        yield ("overlapped copy of A (to) needs TMA copies (tma) and no split-K (split_k = 1)",
-               not self.copy_overlapped or (self.tma and self.split_k == 1))
         yield ("stream-K (stream_k) not with split-K or sliced K (split_k = slice_k = 1)",
                not self.stream_k or (self.split_k == 1 and self.slice_k == 1))
         # Row-major A tiles built in the kernel (tm, tr, landing tk) already need more
@@ -523,6 +511,6 @@ _NAME_RE = re.compile(
     r"^nm_spmm_(?P<family>[a-z0-9]+)_n(?P<n>\d+)m(?P<m>\d+)l(?P<vec>\d+)"
     r"_ms(?P<ms>\d+)ns(?P<ns>\d+)ks(?P<ks>\d+)_mt(?P<mt>\d+)nt(?P<nt>\d+)"
     r"_w(?P<warp_m>\d+)x(?P<warp_n>\d+)_(?P<pack>pack|nopack)_s(?P<stages>\d+)"
-    r"_k(?P<split_k>\d+)(?:_sk(?P<slice_k>\d+))?(?P<streamk>_streamk)?_(?P<layout>rm|km)(?:_(?P<tile>tk|tm|tr|tx|to))?(?P<tma>_tma)?_sm(?P<arch>\d+)$"
+    r"_k(?P<split_k>\d+)(?:_sk(?P<slice_k>\d+))?(?P<streamk>_streamk)?_(?P<layout>rm|km)(?:_(?P<tile>tk|tm|tr|tx))?(?P<tma>_tma)?_sm(?P<arch>\d+)$"
 )
 _EXAMPLE_NAME = "nm_spmm_f32_n8m32l32_ms128ns128ks32_mt8nt8_w8x4_pack_s2_k1_rm_sm90"

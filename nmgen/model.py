@@ -296,8 +296,7 @@ class _Columns:
     stages: np.ndarray
     per_sm: np.ndarray
     stream_k: np.ndarray  # bool
-    a_copied: np.ndarray  # bool: the transpose kernel runs first ("tx") or beside ("to")
-    copy_overlapped: np.ndarray  # bool: ... beside, the main kernel waiting stage by stage
+    a_copied: np.ndarray  # bool: the transpose kernel runs first ("tx")
     efficiency: np.ndarray
     a_rows_fraction: np.ndarray
     a_copy_eff: np.ndarray
@@ -306,13 +305,13 @@ class _Columns:
 def _columns(configs: Sequence[KernelConfig], gpu: GpuSpec) -> _Columns:
     pairs = [(c, _fixed(c, gpu)) for c in configs]
     ints = np.array([(c.ms, c.ns, c.ks, c.n, c.m, c.split_k, c.slice_k, c.stages, f.per_sm,
-                      c.stream_k, c.a_copied, c.copy_overlapped) for c, f in pairs],
-                    dtype=np.int64).reshape(-1, 12)
+                      c.stream_k, c.a_copied) for c, f in pairs], dtype=np.int64).reshape(-1, 11)
     # Row-major A transposed by 4-byte copies moves a quarter of the bytes per L1 access.
     floats = np.array([(f.efficiency, f.a_rows_fraction,
                         0.25 if c.kernel_a_layout is ALayout.ROW_MAJOR and c.packing else 1.0)
                        for c, f in pairs], dtype=np.float64).reshape(-1, 3)
-    return _Columns(*ints[:, :9].T, *ints[:, 9:12].T.astype(bool), *floats.T)
+    return _Columns(*ints[:, :9].T, ints[:, 9].astype(bool), ints[:, 10].astype(bool),
+                    *floats.T)
 
 
 def _ceil_div(a, b):
@@ -347,10 +346,8 @@ def _predict(c: _Columns, gpu: GpuSpec, m_rows: int, n_cols: int, k: int) -> dic
         c.stream_k, block_stages * stage_cycles + fixup,
         np.ceil(waves) * (stages * stage_cycles + (c.slice_k - 1) * SLICE_REDUCE_CYCLES))
     overhead_ms = overhead_cycles / (CLOCK_GHZ * 1e6)
-    # The transpose kernel's time before the main kernel of a copied A tile ("tx"); beside
-    # it ("to"), the main kernel waits about for the copy of its first stage only.
-    copied_k = np.where(c.copy_overlapped, np.minimum(c.ks, k), k)
-    copy_a_ms = np.where(c.a_copied, 4.0 * m_rows * copied_k * 2 / (
+    # The transpose kernel's time before the main kernel of a copied A tile ("tx").
+    copy_a_ms = np.where(c.a_copied, 4.0 * m_rows * k * 2 / (
         gpu.dram_gbs * 1e9 * COPY_BANDWIDTH_SHARE) * 1e3 + COPY_LAUNCH_US / 1e3, 0.0)
     time_ms = np.maximum(compute_ms, memory_ms) / wave_eff + overhead_ms + copy_a_ms
     return {"time_ms": time_ms, "compute_ms": compute_ms, "memory_ms": memory_ms,

@@ -233,37 +233,6 @@ def test_tma_uint16_table_matches_reference(layout, tile, gpu_cases):
     assert (kernel._twin is not None) == (layout == "km")
 
 
-OVERLAPPED = [  # (n, m, L, stages, MS, NS, KS, MT, NT, warp_m, warp_n)
-    (4, 32, 32, 2, 64, 256, 128, 16, 4, 4, 8), (8, 32, 32, 2, 64, 256, 64, 16, 4, 4, 8),
-    (16, 32, 32, 3, 128, 128, 32, 8, 8, 8, 4), (2, 4, 8, 2, 64, 128, 32, 8, 8, 8, 4),
-]
-
-
-@pytest.mark.parametrize(("n", "m", "vec", "stages", "ms", "ns", "ks", "mt", "nt", "warp_m",
-                          "warp_n"), OVERLAPPED)
-def test_overlapped_copy_matches_reference(n, m, vec, stages, ms, ns, ks, mt, nt, warp_m,
-                                           warp_n, gpu_cases):
-    """Row-major A copied K-major by a persistent transpose kernel that the main kernel
-    overlaps (to), waiting stage by stage on the copy's counters: the M edges, odd K and N,
-    a long K (many counters), a large M (the copy still running when the first blocks
-    read); the same kernel again on fresh A (the counters start from zero every call). Odd
-    K leaves rows the engine cannot address: those run the tx twin."""
-    import cupy as cp
-
-    if cp.cuda.Device().compute_capability != "90":
-        pytest.skip("the bulk copy engine is sm_90's")
-    config = nmgen.KernelConfig(n, m, vec, ms, ns, ks, mt, nt, warp_m=warp_m, warp_n=warp_n,
-                                stages=stages, tma=True, a_tile="to")
-    kernel = nmgen.Kernel(config)
-    shapes = [(m_rows, 336, 257) for m_rows in M_EDGES] + [(1024, 4096 + 12, 131),
-                                                            (4096, 2048, 512)]
-    check_shapes(kernel, shapes, gpu_cases)
-    check_shapes(kernel, shapes[-2:], gpu_cases)
-    assert kernel._twin is None
-    check_shapes(kernel, EDGES[:2], gpu_cases)  # K = 333
-    assert kernel._twin is not None and kernel._twin.config.a_tile.value == "tx"
-
-
 def test_copied_a_from_torch_on_a_side_stream(gpu_cases):
     torch = pytest.importorskip("torch")
     config = nmgen.KernelConfig(4, 8, 16, 64, 64, 32, 4, 4, a_tile="tx")

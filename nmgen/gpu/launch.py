@@ -17,16 +17,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..codegen import (
-    COPY_A_THREADS,
-    COPY_A_TILE,
-    OVERLAP_COPY_THREADS,
-    OVERLAP_SLAB,
-    OVERLAP_SPAN,
-    KernelSource,
-    render,
-)
-from ..config import ALayout, Arch, ATile, KernelConfig
+from ..codegen import COPY_A_THREADS, COPY_A_TILE, KernelSource, render
+from ..config import ALayout, Arch, KernelConfig
 from ..format import NMMatrix
 from ..model import arch_of_capability, blocks_per_sm, gpu_of_device_name, gpu_spec
 from ..prepare import LayoutKey, prepare_layout
@@ -163,43 +155,6 @@ def _launch(function: Any, grid: tuple[int, int, int], threads: int, smem: int,
                                      ctypes.addressof(params), 0)
 
 
-class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id and a 64-byte union
-    _fields_ = [("id", ctypes.c_uint32), ("pad", ctypes.c_uint32),
-                ("value", ctypes.c_uint64 * 8)]
-
-
-class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
-    _fields_ = [("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3),
-                ("smem", ctypes.c_uint32), ("stream", ctypes.c_void_p),
-                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint32)]
-
-
-_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-
-
-@functools.cache
-def _launch_kernel_ex() -> Any:
-    function = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
-    function.restype = ctypes.c_int
-    return function
-
-
-def _launch_overlapping(function: Any, grid: tuple[int, int, int], threads: int, smem: int,
-                        params: ctypes.Array, stream_ptr: int) -> None:
-    """``cuLaunchKernelEx`` with programmatic stream serialization: the kernel may start
-    as soon as every block of the kernel before it in the stream has signalled
-    (``griddepcontrol.launch_dependents``), not when that kernel ends. Used only where
-    the kernel waits for what it reads itself (``to``: the copy's counters)."""
-    attribute = _LaunchAttribute(_PROGRAMMATIC_STREAM_SERIALIZATION)
-    attribute.value[0] = 1  # programmaticStreamSerializationAllowed
-    config = _LaunchConfig((ctypes.c_uint32 * 3)(*grid), (ctypes.c_uint32 * 3)(threads, 1, 1),
-                           smem, ctypes.c_void_p(stream_ptr), ctypes.pointer(attribute), 1)
-    status = _launch_kernel_ex()(ctypes.byref(config), ctypes.c_void_p(function.ptr),
-                                 ctypes.cast(params, ctypes.c_void_p), None)
-    if status != 0:
-        raise RuntimeError(f"cuLaunchKernelEx failed (CUresult {status})")
-
-
 @dataclass
 class CopyA:
     """The transpose kernel of a ``tx`` configuration: row-major A (M×K) to a K-major
@@ -209,10 +164,6 @@ class CopyA:
     grid: tuple[int, int, int]
     ld: int
     args: list[ctypes._SimpleCData]  # A, workspace, M, K, lda, ld
-    #                                  (``to``: workspace, M, K, ld, counters, A's map)
-    counters: int = 0  # ``to``: the counters of slabs of K the main kernel waits on
-    threads: int = COPY_A_THREADS
-    tma_rows: TmaA | None = None  # ``to``: the bulk copy engine's map of row-major A
 
     def __post_init__(self) -> None:
         self.params = _params(self.args)
@@ -264,8 +215,7 @@ class LaunchPlan:
 
     def launch(self, a_ptr: int, c_ptr: int, stream_ptr: int,
                scratch: tuple[int, int] = (0, 0)) -> None:
-        """``scratch``: stream-K's partial-sum workspace and zeroed flags; for ``to``, the
-        copy's counters (first)."""
+        """``scratch``: stream-K's partial-sum workspace and zeroed flags."""
         with self.lock:  # the argument block is shared by the threads of the process
             self.args[0].value = a_ptr
             self.args[4].value = c_ptr
@@ -274,11 +224,6 @@ class LaunchPlan:
                 self.tma_a.point_at(a_ptr)
             if self.stream_k:
                 self.args[_C_VEC4 + 1].value, self.args[_C_VEC4 + 2].value = scratch
-            if self.copy_a is not None and self.copy_a.counters:
-                self.args[-2].value = scratch[0]
-                _launch_overlapping(self.main, self.grid, self.threads, self.smem,
-                                    self.params, stream_ptr)
-                return
             _launch(self.main, self.grid, self.threads, self.smem, self.params, stream_ptr)
 
     def launch_copy_a(self, a_ptr: int, copy_ptr: int, stream_ptr: int) -> None:
@@ -286,19 +231,7 @@ class LaunchPlan:
         with self.lock:
             copy.args[0].value = a_ptr
             copy.args[1].value = copy_ptr
-            _launch(copy.function, copy.grid, copy.threads, 0, copy.params, stream_ptr)
-
-    def launch_overlapped(self, a_ptr: int, copy_ptr: int, counters_ptr: int, c_ptr: int,
-                          stream_ptr: int) -> None:
-        """``to``: the persistent copy of A into the workspace, then the main kernel beside
-        it, reading the workspace as the copy's counters allow."""
-        copy = self.copy_a
-        with self.lock:
-            copy.args[0].value = copy_ptr
-            copy.args[4].value = counters_ptr
-            copy.tma_rows.point_at(a_ptr)
-            _launch(copy.function, copy.grid, copy.threads, 0, copy.params, stream_ptr)
-        self.launch(copy_ptr, c_ptr, stream_ptr, (counters_ptr, 0))
+            _launch(copy.function, copy.grid, COPY_A_THREADS, 0, copy.params, stream_ptr)
 
 
 def stream_k_grid(tiles: int, stages: int, resident: int) -> tuple[int, int]:
@@ -384,17 +317,8 @@ class Kernel:
         copy_a = None
         if transpose is not None:  # the main kernel reads an aligned K-major copy
             ld = -(-m_rows // 4) * 4
-            copy_args = [u64(0), u64(0), i32(m_rows), i32(k_dim), i64(lda), i64(ld)]
-            if c.copy_overlapped:  # a persistent copy, one warp an SM; its counters
-                rows = TmaA(TensorMap(), k_dim, m_rows, lda, (OVERLAP_SLAB, OVERLAP_SPAN))
-                copy_a = CopyA(transpose, (device_info().sms, 1, 1), ld,
-                               [u64(0), i32(m_rows), i32(k_dim), i64(ld), u64(0),
-                                i32(self._wave_tiles(main, ldb_cols=b.shape[1])), rows.map],
-                               counters=-(-k_dim // OVERLAP_SLAB),
-                               threads=OVERLAP_COPY_THREADS, tma_rows=rows)
-            else:
-                copy_a = CopyA(transpose, (-(-k_dim // COPY_A_TILE), -(-ld // COPY_A_TILE), 1),
-                               ld, copy_args)
+            copy_a = CopyA(transpose, (-(-k_dim // COPY_A_TILE), -(-ld // COPY_A_TILE), 1), ld,
+                           [u64(0), u64(0), i32(m_rows), i32(k_dim), i64(lda), i64(ld)])
             lda, a_aligned = ld, True  # the workspace comes from CuPy's pool: 256-B aligned
         # 16-byte copies along A's contiguous dimension need it and the rows aligned.
         extent = k_dim if c.kernel_a_layout is ALayout.ROW_MAJOR else m_rows
@@ -423,19 +347,9 @@ class Kernel:
                           (c.ns, c.ws))
             args += [map_a, map_b]
             tma_a = TmaA(map_a, m_rows, k_dim, lda, (c.ms, c.ks))
-        if c.copy_overlapped:  # the copy's counters (each call's), its jobs along M
-            args += [u64(0), i32(-(-lda // OVERLAP_SPAN))]
         return LaunchPlan(main, reduce, grid, c.threads, c.smem_bytes, args, n_cols % 4 == 0,
                           max(1, min(-(-m_rows * n_cols // 256), sms * 16)), copy_a,
                           c.stream_k, tma_a)
-
-    def _wave_tiles(self, main: Any, ldb_cols: int) -> int:
-        """``to``: rows of M (in the copy's jobs of OVERLAP_SPAN) that one wave of the main
-        kernel's blocks covers, x fastest: the copy's chunk, copied slab by slab first."""
-        c = self.config
-        block_cols = -(-ldb_cols // c.ns)
-        wave = device_info().sms * _resident_blocks(main, c)
-        return max(1, -(-(-(-wave // block_cols) * c.ms) // OVERLAP_SPAN))
 
     def __call__(self, a: Any, b: NMMatrix, out: Any = None, stream: Any = None) -> Any:
         return self.run(a, operand(a, "a"), b, out, stream)
@@ -448,8 +362,7 @@ class Kernel:
         out, c_op = _output(out, a, a_op, (m_rows, n_cols), self._out_checked)
         if m_rows == 0:
             return out
-        if self.config.tma and (not self.config.a_copied or self.config.copy_overlapped) \
-                and not addressable(a_op.ptr, lda):
+        if self.config.tma and not self.config.a_copied and not addressable(a_op.ptr, lda):
             return self._cp_async_twin().run(a, a_op, b, out, stream)
         key = ("plan", self._source_key, a_op.device, m_rows, lda, a_op.ptr % 16 == 0)
         plan = b._prepared.get(key)
@@ -464,13 +377,6 @@ class Kernel:
         # the same stream reuses them only after these kernels.
         with handle if handle is not None else cp.cuda.get_current_stream():
             a_ptr = a_op.ptr
-            if plan.copy_a is not None and plan.copy_a.counters:  # "to": copy and kernel overlap
-                a_copy = cp.empty((b.shape[0], plan.copy_a.ld), np.float32)
-                counters = cp.empty(plan.copy_a.counters, np.int32)
-                cp.cuda.runtime.memsetAsync(counters.data.ptr, 0, counters.nbytes, stream_ptr)
-                plan.launch_overlapped(a_ptr, a_copy.data.ptr, counters.data.ptr, c_op.ptr,
-                                       stream_ptr)
-                return out
             if plan.copy_a is not None:
                 a_copy = cp.empty((b.shape[0], plan.copy_a.ld), np.float32)
                 plan.launch_copy_a(a_ptr, a_copy.data.ptr, stream_ptr)
@@ -492,13 +398,10 @@ class Kernel:
         return out
 
     def _cp_async_twin(self) -> Kernel:
-        """What a ``tma`` kernel runs on an A that the bulk copy engine cannot address: the
-        same tiles with cp.async copies; for ``to``, whose copy reads A with the engine,
-        the same tiles behind the transpose kernel (``tx``)."""
+        """The same tiles with cp.async copies: what a ``tma`` kernel runs on an A that
+        the bulk copy engine cannot address."""
         if self._twin is None:
-            twin = (self.config.replace(a_tile=ATile.K_MAJOR_COPY.value)
-                    if self.config.copy_overlapped else self.config.replace(tma=False))
-            self._twin = Kernel(twin)
+            self._twin = Kernel(self.config.replace(tma=False))
         return self._twin
 
     def _check_a(self, a_op: Operand, b: NMMatrix) -> tuple[int, int]:
