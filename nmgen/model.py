@@ -60,7 +60,8 @@ STREAM_K_FACTOR = 0.95
 # picks the measured best in 33 of 48 problems (21 without), and on the 800 problems of
 # tuned_db/ (tools/model_order_check.py): 0.788 of their measured pairs in order and a
 # median regret of the model's pick of 1.031, against 0.763 and 1.072 when only a block
-# alone on its SM paid 2000 cycles (results/model_order_h100.md).
+# alone on its SM paid 2000 cycles (0.807 and 1.023 with the split-K reduction's own time
+# below; results/model_order_h100.md).
 EXPOSED_COPY_CYCLES = 4000
 # Instruction counts read off the SASS of the main loop (sm_90): per compressed row the
 # index read and addressing; per stage the copies, the transposition and the loop/barrier.
@@ -342,7 +343,7 @@ def _predict(c: _Columns, gpu: GpuSpec, m_rows: int, n_cols: int, k: int) -> dic
     compute_ms = flops / (gpu.peak_fp32_tflops * 1e12 * c.efficiency) * 1e3
     a_bytes = 4.0 * m_rows * k_pad * c.a_rows_fraction
     b_bytes = 4.0 * w_rows * col_blocks * c.ns
-    c_bytes = 4.0 * m_rows * n_cols * np.where(c.split_k == 1, 1, 2 * c.split_k + 1)
+    c_bytes = 4.0 * m_rows * n_cols * c.split_k
     compulsory = a_bytes + b_bytes + c_bytes
     through_l2 = a_bytes * col_blocks / c.a_copy_eff + b_bytes * row_blocks + c_bytes
     memory_ms = np.maximum(compulsory / (gpu.dram_gbs * 1e9),
@@ -360,7 +361,13 @@ def _predict(c: _Columns, gpu: GpuSpec, m_rows: int, n_cols: int, k: int) -> dic
     # The transpose kernel's time before the main kernel of a copied A tile ("tx").
     copy_a_ms = np.where(c.a_copied, 4.0 * m_rows * k * 2 / (
         gpu.dram_gbs * 1e9 * COPY_BANDWIDTH_SHARE) * 1e3 + COPY_LAUNCH_US / 1e3, 0.0)
-    time_ms = np.maximum(compute_ms, memory_ms) / wave_eff + overhead_ms + copy_a_ms
+    # Split-K: the main kernel writes its slices (c_bytes); the reduction kernel then reads
+    # them and writes C, after it, at the copy's share of DRAM bandwidth (in the max()
+    # with the main kernel's compute the model had let it hide: results/model_order_h100.md).
+    reduce_ms = np.where(c.split_k > 1, 4.0 * m_rows * n_cols * (c.split_k + 1) / (
+        gpu.dram_gbs * 1e9 * COPY_BANDWIDTH_SHARE) * 1e3 + COPY_LAUNCH_US / 1e3, 0.0)
+    time_ms = (np.maximum(compute_ms, memory_ms) / wave_eff + overhead_ms + copy_a_ms
+               + reduce_ms)
     return {"time_ms": time_ms, "compute_ms": compute_ms, "memory_ms": memory_ms,
             "blocks": blocks, "wave_efficiency": wave_eff}
 
