@@ -330,6 +330,12 @@ def _ceil_div(a, b):
     return -(-a // b)
 
 
+def _extra_kernel_ms(gpu: GpuSpec, moved_bytes):
+    """A memory-bound kernel launched beside the main one (the transpose of "tx", the
+    split-K reduction): its bytes at COPY_BANDWIDTH_SHARE of DRAM bandwidth, and a launch."""
+    return moved_bytes / (gpu.dram_gbs * 1e9 * COPY_BANDWIDTH_SHARE) * 1e3 + COPY_LAUNCH_US / 1e3
+
+
 def _predict(c: _Columns, gpu: GpuSpec, m_rows: int, n_cols: int, k: int) -> dict:
     """The roofline estimate of every configuration in ``c`` (arrays)."""
     row_blocks, col_blocks = _ceil_div(m_rows, c.ms), _ceil_div(n_cols, c.ns)
@@ -359,13 +365,12 @@ def _predict(c: _Columns, gpu: GpuSpec, m_rows: int, n_cols: int, k: int) -> dic
         np.ceil(waves) * (stages * stage_cycles + (c.slice_k - 1) * SLICE_REDUCE_CYCLES))
     overhead_ms = overhead_cycles / (CLOCK_GHZ * 1e6)
     # The transpose kernel's time before the main kernel of a copied A tile ("tx").
-    copy_a_ms = np.where(c.a_copied, 4.0 * m_rows * k * 2 / (
-        gpu.dram_gbs * 1e9 * COPY_BANDWIDTH_SHARE) * 1e3 + COPY_LAUNCH_US / 1e3, 0.0)
+    copy_a_ms = np.where(c.a_copied, _extra_kernel_ms(gpu, 4.0 * m_rows * k * 2), 0.0)
     # Split-K: the main kernel writes its slices (c_bytes); the reduction kernel then reads
-    # them and writes C, after it, at the copy's share of DRAM bandwidth (in the max()
-    # with the main kernel's compute the model had let it hide: results/model_order_h100.md).
-    reduce_ms = np.where(c.split_k > 1, 4.0 * m_rows * n_cols * (c.split_k + 1) / (
-        gpu.dram_gbs * 1e9 * COPY_BANDWIDTH_SHARE) * 1e3 + COPY_LAUNCH_US / 1e3, 0.0)
+    # them and writes C, after it (in the max() with the main kernel's compute the model
+    # had let it hide: results/model_order_h100.md).
+    reduce_ms = np.where(c.split_k > 1,
+                         _extra_kernel_ms(gpu, 4.0 * m_rows * n_cols * (c.split_k + 1)), 0.0)
     time_ms = (np.maximum(compute_ms, memory_ms) / wave_eff + overhead_ms + copy_a_ms
                + reduce_ms)
     return {"time_ms": time_ms, "compute_ms": compute_ms, "memory_ms": memory_ms,

@@ -28,6 +28,7 @@ from nmgen import model  # noqa: E402
 from nmgen.config import KernelConfig  # noqa: E402
 from nmgen.db import ProblemRow, TrialRow, TrialStatus, connect  # noqa: E402
 from nmgen.dispatch import template_hash  # noqa: E402
+from nmgen.report import markdown_table  # noqa: E402
 
 NOISE = 1.03  # measured pairs closer than this are not counted
 
@@ -75,15 +76,15 @@ def main() -> None:
             groups[f"{problem.n}:{problem.m} L={problem.vec} {problem.a_layout}"].append(stats)
     print(f"# Model order against {args.db} ({args.gpu}): occupancy floor {args.floor}, "
           f"full at {args.full_warps} warps\n")
-    print("| problems | pairs ordered as measured | pick's regret (median / max) |")
-    print("| --- | --- | --- | --- |".replace(" --- |", "", 1))
     everything = [s for stats in groups.values() for s in stats]
+    rows = []
     for label, stats in [*sorted(groups.items()), ("all", everything)]:
         concordant, counted = sum(s[0] for s in stats), sum(s[1] for s in stats)
         regrets = [s[2] for s in stats]
-        print(f"| {label} ({len(stats)}) | {concordant / max(counted, 1):.3f} of {counted} | "
-              f"{statistics.median(regrets):.3f} / {max(regrets):.3f} |")
-
+        rows.append([f"{label} ({len(stats)})", f"{concordant / max(counted, 1):.3f} of {counted}",
+                     f"{statistics.median(regrets):.3f} / {max(regrets):.3f}"])
+    print(markdown_table(["problems", "pairs ordered as measured",
+                          "pick's regret (median / max)"], rows), end="")
 
 if __name__ == "__main__":
     main()
