@@ -11,6 +11,13 @@ Times, in turns in one process, each checked against float64 first:
   km       the K-major kernel on A already K-major (the bound),
   tx       the row-major kernel on all of A (shipped),
   tx/C     the same kernel called on chunks of C rows of A and C rows of the output.
+  txp/C    pipelined chunks: the chunk copies on a stream of their own (high priority,
+           so that a copy's blocks take the SMs the main kernel's tail frees), the main
+           kernels on two streams taking turns, each waiting only for its chunk's copy;
+           a copy waits for the main kernel two chunks back (two K-major workspaces), so
+           at most two chunks' copies are live in L2. Kernel boundaries overlap: the
+           next chunk's blocks fill the last one's tail.
+  copy/C, main/C  the two halves of txp/C on their own, one stream (where time goes).
 
     python tools/chunked_tx_ab.py --pattern 4:32,8:32 --shape 4096,4096,4096 \
         --chunks 512,1024,2048 --out results/chunked_tx_h100.md
@@ -53,7 +60,77 @@ def variants(pattern: Pattern, a, b, out, chunks: list[int]) -> dict:
     fns = {f"km {km.name}": lambda i: km(a_km, b, out=out),
            f"tx {tx.name}": lambda i: tx(a, b, out=out)}
     fns.update({f"tx/{size}": chunked(size) for size in chunks if size < rows})
+    for size in chunks:
+        if size < rows and rows % size == 0:
+            fns.update(pipelined(tx, km, a, b, out, size))
     return fns
+
+
+def priorities() -> tuple[int, int]:
+    """(least, greatest) stream priority; the driver clamps values outside its range."""
+    runtime = _cupy().cuda.runtime
+    if hasattr(runtime, "deviceGetStreamPriorityRange"):
+        return runtime.deviceGetStreamPriorityRange()
+    return 0, -5
+
+
+def pipelined(tx: Kernel, km: Kernel, a, b, out, size: int) -> dict:
+    """txp/size (txe/size: all streams of equal priority) and its halves (see the module's
+    docstring)."""
+    cp = _cupy()
+    rows, depth = a.shape
+    plan = tx._plan(b, a.device.id, size, depth, True)  # the copy of one chunk
+    spaces = [cp.empty((depth, plan.copy_a.ld), cp.float32) for _ in range(2)]
+    least, greatest = priorities()
+    starts = list(range(0, rows, size))
+
+    def copy(j: int, stream) -> None:
+        plan.launch_copy_a(a[starts[j]:].data.ptr, spaces[j % 2].data.ptr, stream.ptr)
+
+    def main(j: int, stream) -> None:
+        r0 = starts[j]
+        km(spaces[j % 2][:, :size].T, b, out=out[r0:r0 + size], stream=stream)
+
+    def copies_only(i: int) -> None:
+        for j in range(len(starts)):
+            copy(j, cp.cuda.get_current_stream())
+
+    def mains_only(i: int) -> None:
+        for j in range(len(starts)):
+            main(j, cp.cuda.get_current_stream())
+
+    fns = {}
+    for label, copy_priority in (("txp", greatest), ("txe", least)):
+        copy_stream = cp.cuda.Stream(non_blocking=True, priority=copy_priority)
+        main_streams = [cp.cuda.Stream(non_blocking=True, priority=least) for _ in range(2)]
+        fns[f"{label}/{size}"] = overlapped(copy_stream, main_streams, len(starts), copy, main)
+    fns.update({f"copy/{size}": copies_only, f"main/{size}": mains_only})
+    return fns
+
+
+def overlapped(copy_stream, main_streams, chunks: int, copy, main):
+    """A call that runs chunk j's copy on ``copy_stream`` and its main kernel on
+    ``main_streams[j % 2]`` after it; copy j waits for main j-2 (its workspace)."""
+    cp = _cupy()
+
+    def call(i: int) -> None:
+        caller = cp.cuda.get_current_stream()
+        begin = caller.record()
+        for s in (copy_stream, *main_streams):
+            s.wait_event(begin)
+        done = []
+        for j in range(chunks):
+            if j >= 2:
+                copy_stream.wait_event(done[j - 2])  # its workspace is free again
+            copy(j, copy_stream)
+            copied = copy_stream.record()
+            stream = main_streams[j % 2]
+            stream.wait_event(copied)
+            main(j, stream)
+            done.append(stream.record())
+        for event in done[-2:]:
+            caller.wait_event(event)
+    return call
 
 
 def one(pattern: Pattern, shape: tuple[int, int, int], chunks: list[int], rounds: int,
@@ -66,6 +143,8 @@ def one(pattern: Pattern, shape: tuple[int, int, int], chunks: list[int], rounds
     ref = a.astype(cp.float64) @ dense_float64(b)
     fns = variants(pattern, a, b, out, chunks)
     for name, fn in fns.items():
+        if name.startswith(("copy/", "main/")):  # halves: timing only
+            continue
         err = measure.poisoned_error(lambda fn=fn: fn(0), out, ref)
         if not err < RTOL:
             raise RuntimeError(f"{name} is wrong on {rows}x{cols}x{depth}: {err:.3g}")
