@@ -137,6 +137,84 @@ def test_copied_a_tile_matches_reference(split_k, packing, gpu_cases):
     check_shapes(nmgen.Kernel(config), EDGES, gpu_cases)
 
 
+PIPELINED = [  # copied A (tx) kernels whose copies run pipelined in chunks of M
+    dict(ms=64, ns=256, ks=64, mt=16, nt=4, warp_m=4, warp_n=8, stages=2, tma=True),
+    dict(ms=128, ns=256, ks=64, mt=16, nt=8, stages=3),
+]
+
+
+def pipelined_case(config, kind: str, stream_kind: str):
+    """(kernel, b, a, out, stream) for a copied-A kernel at an M that it runs in chunks
+    (asserted: else the test would not test the pipeline); odd K and N, a small last chunk."""
+    import cupy as cp
+
+    from nmgen.gpu.launch import operand
+
+    kernel = nmgen.Kernel(config)
+    rng = np.random.default_rng(SEED)
+    k_dim, n_cols, m_rows = 333, 4096 + 13, 6000 + 37
+    b = nmgen.prune(rng.standard_normal((k_dim, n_cols), dtype=np.float32),
+                    (config.n, config.m), config.vec)
+    a = cp.asarray(rng.standard_normal((m_rows, k_dim), dtype=np.float32))
+    chunks = kernel._cached_plan(b, operand(a, "a"), m_rows, k_dim).chunks
+    assert len(chunks) > 2 and sum(chunks) == m_rows, chunks
+    out = cp.full((m_rows, n_cols), cp.nan, cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True) if stream_kind == "side" else None
+    if kind == "torch":
+        torch = pytest.importorskip("torch")
+        a, out = torch.as_tensor(a, device="cuda"), torch.as_tensor(out, device="cuda")
+        stream = torch.cuda.Stream() if stream_kind == "side" else None
+    return kernel, b, a, out, stream
+
+
+@pytest.mark.parametrize("shape", PIPELINED)
+def test_pipelined_copy_matches_reference_and_the_single_copy(shape, gpu_cases):
+    """Chunk j's copy overlapping chunk j-1's main kernel gives the float64 answer, and
+    the same bits as one copy then one main kernel (every block computes as before)."""
+    import cupy as cp
+
+    config = nmgen.KernelConfig(8, 32, 32, **shape, a_tile="tx")
+    if config.tma and cp.cuda.Device().compute_capability != "90":
+        pytest.skip("the bulk copy engine is sm_90's")
+    kernel, b, a, out, _ = pipelined_case(config, "cupy", "current")
+    kernel(a, b, out=out)
+    cp.cuda.Device().synchronize()
+    assert not bool(cp.isnan(out).any()), "a chunk left unwritten (NaN poison survived)"
+    assert relative_error(out, nmgen.reference(a, b)) < RTOL
+    kernel.pipeline_copy = False
+    single = kernel(a, b)
+    cp.cuda.Device().synchronize()
+    assert bool((single == out).all()), "pipelined and single-copy outputs differ"
+    gpu_cases["kernel_cases"] += 2
+
+
+@pytest.mark.parametrize("kind", ["cupy", "torch"])
+def test_pipelined_copy_is_ordered_on_the_callers_stream(kind, gpu_cases):
+    """Work queued on the caller's side stream after the call sees the whole product
+    (the side stream waits for the last main kernels), with no device-wide sync."""
+    import cupy as cp
+
+    config = nmgen.KernelConfig(8, 32, 32, **PIPELINED[0], a_tile="tx")
+    if cp.cuda.Device().compute_capability != "90":
+        config = config.replace(tma=False)
+    kernel, b, a, out, stream = pipelined_case(config, kind, "side")
+    if kind == "torch":
+        torch = pytest.importorskip("torch")
+        with torch.cuda.stream(stream):
+            kernel(a, b, out=out)
+            after = out.clone()  # queued on the side stream behind the call
+        stream.synchronize()
+        after, a = cp.asarray(after), cp.asarray(a)
+    else:
+        with stream:
+            kernel(a, b, out=out, stream=stream)
+            after = out.copy()
+        stream.synchronize()
+    assert not bool(cp.isnan(after).any()), "the caller's stream ran ahead of the chunks"
+    assert relative_error(after, nmgen.reference(a, b)) < RTOL
+    gpu_cases["kernel_cases"] += 1
+
+
 SLICED = [  # (slice_k, A layout, A tile, packing, split_k, stages)
     (2, "km", "tk", False, 1, 2), (4, "km", "tk", True, 2, 3), (4, "rm", "tx", False, 1, 2),
     (2, "rm", "tx", True, 3, 1), (2, "rm", "tm", False, 2, 2), (4, "rm", "tk", False, 1, 3),

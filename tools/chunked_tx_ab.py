@@ -9,7 +9,9 @@ mostly vanish; the price is a launch pair a chunk and a smaller grid.
 
 Times, in turns in one process, each checked against float64 first:
   km       the K-major kernel on A already K-major (the bound),
-  tx       the row-major kernel on all of A (shipped),
+  tx       the row-major kernel on all of A (shipped: pipelined where
+           nmgen.gpu.launch.copy_chunks says so),
+  tx one copy  the same with Kernel.pipeline_copy off: one copy of A, one main kernel,
   tx/C     the same kernel called on chunks of C rows of A and C rows of the output.
   txp/C    pipelined chunks: the chunk copies on a stream of their own (high priority,
            so that a copy's blocks take the SMs the main kernel's tail frees), the main
@@ -75,8 +77,11 @@ def variants(pattern: Pattern, a, b, out, plans: list[list[int]], caps: list[int
                 tx(a[r0:r0 + size], b, out=out[r0:r0 + size])
         return call
 
+    single = Kernel(tx.config)
+    single.pipeline_copy = False  # one copy of all of A, then one main kernel
     fns = {f"km {km.name}": lambda i: km(a_km, b, out=out),
-           f"tx {tx.name}": lambda i: tx(a, b, out=out)}
+           f"tx {tx.name}": lambda i: tx(a, b, out=out),
+           "tx one copy": lambda i: single(a, b, out=out)}
     for cap in caps:
         main = capped(km, cap) if cap else km
         if cap:

@@ -211,6 +211,9 @@ class LaunchPlan:
         self.params = _params(args)
         self.c_vec4_ok = c_vec4_ok
         self.reduce_grid = reduce_grid
+        # Row-major A copied in chunks of these rows, pipelined (Kernel._plan, copy_chunks);
+        # empty or one chunk: not.
+        self.chunks: list[int] = []
         self.lock = threading.Lock()
 
     def launch(self, a_ptr: int, c_ptr: int, stream_ptr: int,
@@ -242,6 +245,61 @@ def stream_k_grid(tiles: int, stages: int, resident: int) -> tuple[int, int]:
     results/stream_k_h100/), and gives each block at least one tile's stages."""
     blocks = min(resident, tiles * stages)
     return blocks, max(0, tiles // blocks - 1) * blocks
+
+
+# Row-major A copied K-major first (tx) runs in chunks of M when A has this many chunks'
+# worth of rows: chunk j's copy then overlaps chunk j-1's main kernel (H100 at 4096^3:
+# 1.04 of K-major A at 8:32 instead of 1.06, results/chunked_tx_h100/).
+PIPELINE_MIN_CHUNKS = 3
+PIPELINE_MIN_ROWS = 512  # a smaller chunk's copy is mostly launch and tail
+
+
+def copy_chunks(m_rows: int, ms: int, grid_x: int, slots: int) -> list[int]:
+    """Rows of each chunk of a pipelined copied-A launch (``[m_rows]``: not pipelined).
+    A chunk is a whole number of waves (``slots`` resident blocks over ``grid_x`` blocks a
+    block row), at least ``PIPELINE_MIN_ROWS`` rows; the remainder is a chunk of its own,
+    whose main kernel overlaps the one before it."""
+    wave_rows = slots // grid_x * ms
+    if wave_rows == 0:
+        return [m_rows]
+    rows = wave_rows * -(-PIPELINE_MIN_ROWS // wave_rows)
+    if m_rows < PIPELINE_MIN_CHUNKS * rows:
+        return [m_rows]
+    whole, rest = divmod(m_rows, rows)
+    return [rows] * whole + ([rest] if rest else [])
+
+
+_PIPELINE_STREAMS: dict[int, tuple[Any, tuple[Any, Any]]] = {}
+
+
+def _pipeline_streams(device: int) -> tuple[Any, tuple[Any, Any]]:
+    """(copy stream, two main-kernel streams) of ``device``, made once. The copies' stream
+    has the greatest priority, so that a copy's blocks take SMs as soon as they free up."""
+    cached = _PIPELINE_STREAMS.get(device)
+    if cached is None:
+        cp = _cupy()
+        with cp.cuda.Device(device):
+            least, greatest = _priority_range()
+            cached = (cp.cuda.Stream(non_blocking=True, priority=greatest),
+                      tuple(cp.cuda.Stream(non_blocking=True, priority=least)
+                            for _ in range(2)))
+        _PIPELINE_STREAMS[device] = cached
+    return cached
+
+
+def _priority_range() -> tuple[int, int]:
+    """(least, greatest) stream priority of the current device; where CuPy does not ask
+    the runtime, CUDA's usual range (the driver clamps a value outside its own)."""
+    runtime = _cupy().cuda.runtime
+    if hasattr(runtime, "deviceGetStreamPriorityRange"):
+        return runtime.deviceGetStreamPriorityRange()
+    return 0, -5  # pragma: no cover - depends on the CuPy version
+
+
+def _record(stream: Any) -> Any:
+    event = _cupy().cuda.Event(disable_timing=True)
+    event.record(stream)
+    return event
 
 
 def _resident_blocks(function: Any, config: KernelConfig) -> int:
@@ -276,6 +334,9 @@ class Kernel:
         self._a_checked: dict[tuple, tuple[int, int]] = {}
         self._out_checked: set[tuple] = set()
         self._twin: Kernel | None = None
+        # Row-major A copied K-major first (tx) runs pipelined in chunks where
+        # copy_chunks says so; False: one copy, then one main kernel (the A/B tools).
+        self.pipeline_copy = True
 
     @property
     def source(self) -> KernelSource:
@@ -347,9 +408,12 @@ class Kernel:
                           (c.ns, c.ws))
             args += [map_a, map_b]
             tma_a = TmaA(map_a, m_rows, k_dim, lda, (c.ms, c.ks))
-        return LaunchPlan(main, reduce, grid, c.threads, c.smem_bytes, args, n_cols % 4 == 0,
+        plan = LaunchPlan(main, reduce, grid, c.threads, c.smem_bytes, args, n_cols % 4 == 0,
                           max(1, min(-(-m_rows * n_cols // 256), sms * 16)), copy_a,
                           c.stream_k, tma_a)
+        if copy_a is not None and reduce is None and not c.stream_k:
+            plan.chunks = copy_chunks(m_rows, c.ms, grid[0], sms * _resident_blocks(main, c))
+        return plan
 
     def __call__(self, a: Any, b: NMMatrix, out: Any = None, stream: Any = None) -> Any:
         return self.run(a, operand(a, "a"), b, out, stream)
@@ -364,14 +428,14 @@ class Kernel:
             return out
         if self.config.tma and not self.config.a_copied and not addressable(a_op.ptr, lda):
             return self._cp_async_twin().run(a, a_op, b, out, stream)
-        key = ("plan", self._source_key, a_op.device, m_rows, lda, a_op.ptr % 16 == 0)
-        plan = b._prepared.get(key)
-        if plan is None:
-            plan = b._prepared[key] = self._plan(b, a_op.device, m_rows, lda, key[-1])
+        plan = self._cached_plan(b, a_op, m_rows, lda)
         handle = _stream(stream, a_op)
         stream_ptr = _current_stream_ptr() if handle is None else handle.ptr
         if plan.reduce is None and plan.copy_a is None and not plan.stream_k:
             plan.launch(a_op.ptr, c_op.ptr, stream_ptr)
+            return out
+        if len(plan.chunks) > 1 and self.pipeline_copy:
+            self._run_pipelined(plan.chunks, a_op, lda, b, c_op.ptr, handle)
             return out
         # Workspaces come from CuPy's pool on the launch stream, so that a later call on
         # the same stream reuses them only after these kernels.
@@ -396,6 +460,46 @@ class Kernel:
                                                      np.int32(m_rows), np.int32(n_cols),
                                                      np.int64(n_cols)), 0, handle)
         return out
+
+    def _cached_plan(self, b: NMMatrix, a_op: Operand, m_rows: int, lda: int) -> LaunchPlan:
+        key = ("plan", self._source_key, a_op.device, m_rows, lda, a_op.ptr % 16 == 0)
+        plan = b._prepared.get(key)
+        if plan is None:
+            plan = b._prepared[key] = self._plan(b, a_op.device, m_rows, lda, key[-1])
+        return plan
+
+    def _run_pipelined(self, chunks: list[int], a_op: Operand, lda: int, b: NMMatrix,
+                       c_ptr: int, handle: Any) -> None:
+        """Row-major A copied and multiplied in chunks of rows: chunk j's copy (on a copy
+        stream) overlaps chunk j-1's main kernel, and the main kernels take two streams in
+        turns, so that one's last wave overlaps the next one's first. Two K-major
+        workspaces, taken in turns: copy j waits for main kernel j-2. The caller's stream
+        waits for the last two main kernels, so work queued on it after this call, and
+        the pool's reuse of the workspaces, come after them."""
+        cp = _cupy()
+        caller = handle if handle is not None else cp.cuda.get_current_stream()
+        copy_stream, main_streams = _pipeline_streams(a_op.device)
+        plans = {rows: self._cached_plan(b, a_op, rows, lda) for rows in set(chunks)}
+        depth, n_cols = b.shape
+        with caller:
+            words = depth * max(plan.copy_a.ld for plan in plans.values())
+            spaces = [cp.empty(words, np.float32) for _ in range(2)]  # freed after the join
+        begin = _record(caller)
+        for stream in (copy_stream, *main_streams):
+            stream.wait_event(begin)
+        done: list[Any] = []
+        first = 0
+        for j, rows in enumerate(chunks):
+            plan, space, main_stream = plans[rows], spaces[j % 2].data.ptr, main_streams[j % 2]
+            if j >= 2:
+                copy_stream.wait_event(done[j - 2])  # workspace j % 2 is free again
+            plan.launch_copy_a(a_op.ptr + 4 * first * lda, space, copy_stream.ptr)
+            main_stream.wait_event(_record(copy_stream))
+            plan.launch(space, c_ptr + 4 * first * n_cols, main_stream.ptr)
+            done.append(_record(main_stream))
+            first += rows
+        for event in done[-2:]:
+            caller.wait_event(event)
 
     def _cp_async_twin(self) -> Kernel:
         """The same tiles with cp.async copies: what a ``tma`` kernel runs on an A that
