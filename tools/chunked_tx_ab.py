@@ -12,6 +12,7 @@ Times, in turns in one process, each checked against float64 first:
   tx       the row-major kernel on all of A (shipped: pipelined where
            nmgen.gpu.launch.copy_chunks says so),
   tx one copy  the same with Kernel.pipeline_copy off: one copy of A, one main kernel,
+  tx plan P  the shipped pipeline over the chunks of plan P (--shipped-plans).
   tx/C     the same kernel called on chunks of C rows of A and C rows of the output.
   txp/C    pipelined chunks: the chunk copies on a stream of their own (high priority,
            so that a copy's blocks take the SMs the main kernel's tail frees), the main
@@ -61,8 +62,25 @@ def capped(kernel: Kernel, registers: int) -> Kernel:
     return Kernel(kernel.config, KernelSource(source.config, code))
 
 
+def with_chunks(tx: Kernel, a, b, out, plan: list[int]):
+    """The shipped pipeline (Kernel._run_pipelined) over the chunks of ``plan`` instead of
+    copy_chunks': the call sets them on the launch plan it is about to use."""
+    from nmgen.gpu.launch import operand
+
+    launch_plan = tx._cached_plan(b, operand(a, "a"), a.shape[0], a.shape[1])
+    shipped = launch_plan.chunks  # the plan is shared with the "tx" version: put it back
+
+    def call(i: int) -> None:
+        launch_plan.chunks = plan
+        try:
+            tx(a, b, out=out)
+        finally:
+            launch_plan.chunks = shipped
+    return call
+
+
 def variants(pattern: Pattern, a, b, out, plans: list[list[int]], caps: list[int],
-             spaces: list[int]) -> dict:
+             spaces: list[int], shipped_plans: list[list[int]]) -> dict:
     """name -> call(i) of every version timed; all write ``out``."""
     cp = _cupy()
     arch = device_info().arch
@@ -82,6 +100,8 @@ def variants(pattern: Pattern, a, b, out, plans: list[list[int]], caps: list[int
     fns = {f"km {km.name}": lambda i: km(a_km, b, out=out),
            f"tx {tx.name}": lambda i: tx(a, b, out=out),
            "tx one copy": lambda i: single(a, b, out=out)}
+    for plan in shipped_plans:
+        fns[f"tx plan {plan_label(plan)}"] = with_chunks(tx, a, b, out, plan)
     for cap in caps:
         main = capped(km, cap) if cap else km
         if cap:
@@ -178,7 +198,8 @@ def one(pattern: Pattern, shape: tuple[int, int, int], args: argparse.Namespace,
     b = random_weight(pattern.n, pattern.m, 32, depth, cols)
     out = cp.full((rows, cols), cp.nan, cp.float32)
     ref = a.astype(cp.float64) @ dense_float64(b)
-    fns = variants(pattern, a, b, out, parse_plans(args.chunks, rows), args.caps, args.spaces)
+    fns = variants(pattern, a, b, out, parse_plans(args.chunks, rows), args.caps, args.spaces,
+                   parse_plans(args.shipped_plans, rows))
     for name, fn in fns.items():
         if name.startswith(("copy/", "main/")):  # halves: timing only
             continue
@@ -197,7 +218,7 @@ def one(pattern: Pattern, shape: tuple[int, int, int], args: argparse.Namespace,
 def parse_plans(text: str, rows: int) -> list[list[int]]:
     """The --chunks plans for ``rows`` rows; a plan must cover them exactly."""
     plans = []
-    for item in text.split(","):
+    for item in filter(None, text.split(",")):
         plan = [int(x) for x in item.split("+")]
         if len(plan) == 1 and plan[0] < rows and rows % plan[0] == 0:
             plan = plan * (rows // plan[0])
@@ -214,6 +235,8 @@ def main() -> None:
                         help="M,N,K (repeat the option for more)")
     parser.add_argument("--chunks", default="512,1024,2048",
                         help="chunk plans: C (all chunks C rows) or C1+C2+... (rows in order)")
+    parser.add_argument("--shipped-plans", default="",
+                        help="chunk plans (as --chunks) for the shipped pipeline: 'tx plan P'")
     parser.add_argument("--caps", default=[0], type=lambda s: [int(x) for x in s.split(",")],
                         help="main kernels' register caps to try (0: the shipped kernel)")
     parser.add_argument("--spaces", default=[2], type=lambda s: [int(x) for x in s.split(",")],
