@@ -144,20 +144,24 @@ PIPELINED = [  # copied A (tx) kernels whose copies run pipelined in chunks of M
 
 
 def pipelined_case(config, kind: str, stream_kind: str):
-    """(kernel, b, a, out, stream) for a copied-A kernel at an M that it runs in chunks
-    (asserted: else the test would not test the pipeline); odd K and N, a small last chunk."""
+    """(kernel, b, a, out, stream) for a copied-A kernel at an M that it runs in chunks:
+    three whole chunks and a last one of half a chunk plus 37 rows (asserted, else the test
+    would not test the pipeline); K and N odd, so A's rows are not 16-byte aligned."""
     import cupy as cp
 
     from nmgen.gpu.launch import operand
 
     kernel = nmgen.Kernel(config)
     rng = np.random.default_rng(SEED)
-    k_dim, n_cols, m_rows = 333, 4096 + 13, 6000 + 37
+    k_dim, n_cols = 4096 + 13, 4096 + 13
     b = nmgen.prune(rng.standard_normal((k_dim, n_cols), dtype=np.float32),
                     (config.n, config.m), config.vec)
+    probe = operand(cp.empty(4, cp.float32), "a")  # the plan needs only the device
+    rows = kernel._cached_plan(b, probe, 1 << 16, k_dim).chunks[0]  # a chunk on this GPU
+    m_rows = 3 * rows + rows // 2 + 37
     a = cp.asarray(rng.standard_normal((m_rows, k_dim), dtype=np.float32))
     chunks = kernel._cached_plan(b, operand(a, "a"), m_rows, k_dim).chunks
-    assert len(chunks) > 2 and sum(chunks) == m_rows, chunks
+    assert chunks == [rows] * 3 + [rows // 2 + 37], chunks
     out = cp.full((m_rows, n_cols), cp.nan, cp.float32)
     stream = cp.cuda.Stream(non_blocking=True) if stream_kind == "side" else None
     if kind == "torch":

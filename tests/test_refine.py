@@ -61,18 +61,20 @@ def test_stream_k_from_the_command_line(tmp_path):
     assert "timed on 0 problems" in stream_k("--dry-run")
 
 
-def test_copy_chunks_are_whole_waves_of_at_least_the_minimum_rows():
-    from nmgen.gpu.launch import PIPELINE_MIN_ROWS, copy_chunks
+def test_copy_chunks_are_whole_waves_of_enough_rows_and_bytes():
+    from nmgen.gpu.launch import copy_chunks
 
     # The H100 core kernels at 4096^3: 16 blocks a block row, 264 slots: 16 rows a wave.
-    assert copy_chunks(4096, 64, 16, 264) == [1024] * 4
-    assert copy_chunks(4096 + 37, 64, 16, 264) == [1024] * 4 + [37]  # the rest on its own
-    assert copy_chunks(3071, 64, 16, 264) == [3071]  # under three chunks: one copy
-    # A wave of 6 block rows (43 blocks a row) is under the minimum: two waves a chunk.
-    assert copy_chunks(4096, 64, 43, 264) == [768] * 5 + [256]
-    assert 768 >= PIPELINE_MIN_ROWS > 384
+    assert copy_chunks(4096, 4096, 64, 16, 264) == [1024] * 4
+    assert copy_chunks(4096 + 512, 4096, 64, 16, 264) == [1024] * 4 + [512]  # half a chunk
+    assert copy_chunks(4096 + 37, 4096, 64, 16, 264) == [4133]  # a short last chunk: no
+    assert copy_chunks(3071, 4096, 64, 16, 264) == [3071]  # under three chunks: one copy
+    assert copy_chunks(4096, 2048, 64, 16, 264) == [1024] * 4  # 8 MiB of A a chunk
+    assert copy_chunks(4096, 2000, 64, 16, 264) == [4096]  # less: one copy
+    # A wave of 6 block rows (43 blocks a row) is under the minimum rows: two waves a chunk.
+    assert copy_chunks(4608, 4096, 64, 43, 264) == [768] * 6
     # A block row wider than the GPU: no whole wave, no pipeline.
-    assert copy_chunks(8192, 64, 300, 264) == [8192]
+    assert copy_chunks(8192, 4096, 64, 300, 264) == [8192]
 
 
 def test_stream_k_grid_shares_out_the_last_two_waves():

@@ -247,25 +247,31 @@ def stream_k_grid(tiles: int, stages: int, resident: int) -> tuple[int, int]:
     return blocks, max(0, tiles // blocks - 1) * blocks
 
 
-# Row-major A copied K-major first (tx) runs in chunks of M when A has this many chunks'
-# worth of rows: chunk j's copy then overlaps chunk j-1's main kernel (H100 at 4096^3:
-# 1.04 of K-major A at 8:32 instead of 1.06, results/chunked_tx_h100/).
+# Row-major A copied K-major first (tx) runs in chunks of M where it pays: chunk j's copy
+# then overlaps chunk j-1's main kernel (H100 at 4096^3: 1.03 of K-major A at 8:32 instead
+# of 1.06, 1.08 instead of 1.12 at 4:32). The limits come from timing the pipelined launch
+# against one copy on the 118 tuned row-major problems that it applied to first
+# (results/chunked_tx_h100/README.md): chunks too short for the overlap to pay for their
+# boundaries, or a short last chunk, lost up to 6 %.
 PIPELINE_MIN_CHUNKS = 3
-PIPELINE_MIN_ROWS = 512  # a smaller chunk's copy is mostly launch and tail
+PIPELINE_MIN_ROWS = 512
+PIPELINE_MIN_CHUNK_BYTES = 8 << 20  # of A a chunk's copy reads
 
 
-def copy_chunks(m_rows: int, ms: int, grid_x: int, slots: int) -> list[int]:
+def copy_chunks(m_rows: int, k_dim: int, ms: int, grid_x: int, slots: int) -> list[int]:
     """Rows of each chunk of a pipelined copied-A launch (``[m_rows]``: not pipelined).
     A chunk is a whole number of waves (``slots`` resident blocks over ``grid_x`` blocks a
-    block row), at least ``PIPELINE_MIN_ROWS`` rows; the remainder is a chunk of its own,
-    whose main kernel overlaps the one before it."""
+    block row), at least ``PIPELINE_MIN_ROWS`` rows and ``PIPELINE_MIN_CHUNK_BYTES`` of A;
+    the remainder is a chunk of its own, at least half a chunk (a shorter one is a partial
+    wave that nothing overlaps)."""
     wave_rows = slots // grid_x * ms
     if wave_rows == 0:
         return [m_rows]
     rows = wave_rows * -(-PIPELINE_MIN_ROWS // wave_rows)
-    if m_rows < PIPELINE_MIN_CHUNKS * rows:
-        return [m_rows]
     whole, rest = divmod(m_rows, rows)
+    if (m_rows < PIPELINE_MIN_CHUNKS * rows or 4 * rows * k_dim < PIPELINE_MIN_CHUNK_BYTES
+            or 0 < 2 * rest < rows):
+        return [m_rows]
     return [rows] * whole + ([rest] if rest else [])
 
 
@@ -412,7 +418,8 @@ class Kernel:
                           max(1, min(-(-m_rows * n_cols // 256), sms * 16)), copy_a,
                           c.stream_k, tma_a)
         if copy_a is not None and reduce is None and not c.stream_k:
-            plan.chunks = copy_chunks(m_rows, c.ms, grid[0], sms * _resident_blocks(main, c))
+            plan.chunks = copy_chunks(m_rows, k_dim, c.ms, grid[0],
+                                      sms * _resident_blocks(main, c))
         return plan
 
     def __call__(self, a: Any, b: NMMatrix, out: Any = None, stream: Any = None) -> Any:
