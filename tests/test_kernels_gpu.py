@@ -157,7 +157,7 @@ def pipelined_case(config, kind: str, stream_kind: str):
     b = nmgen.prune(rng.standard_normal((k_dim, n_cols), dtype=np.float32),
                     (config.n, config.m), config.vec)
     probe = operand(cp.empty(4, cp.float32), "a")  # the plan needs only the device
-    rows = kernel._cached_plan(b, probe, 1 << 16, k_dim).chunks[0]  # a chunk on this GPU
+    rows = kernel._cached_plan(b, probe, 4, k_dim).chunk_rows  # a chunk on this GPU
     m_rows = 3 * rows + rows // 2 + 37
     a = cp.asarray(rng.standard_normal((m_rows, k_dim), dtype=np.float32))
     chunks = kernel._cached_plan(b, operand(a, "a"), m_rows, k_dim).chunks

@@ -212,8 +212,9 @@ class LaunchPlan:
         self.c_vec4_ok = c_vec4_ok
         self.reduce_grid = reduce_grid
         # Row-major A copied in chunks of these rows, pipelined (Kernel._plan, copy_chunks);
-        # empty or one chunk: not.
+        # empty or one chunk: not. chunk_rows: the chunk this launch's M would be cut in.
         self.chunks: list[int] = []
+        self.chunk_rows = 0
         self.lock = threading.Lock()
 
     def launch(self, a_ptr: int, c_ptr: int, stream_ptr: int,
@@ -258,19 +259,23 @@ PIPELINE_MIN_ROWS = 512
 PIPELINE_MIN_CHUNK_BYTES = 8 << 20  # of A a chunk's copy reads
 
 
-def copy_chunks(m_rows: int, k_dim: int, ms: int, grid_x: int, slots: int) -> list[int]:
-    """Rows of each chunk of a pipelined copied-A launch (``[m_rows]``: not pipelined).
-    A chunk is a whole number of waves (``slots`` resident blocks over ``grid_x`` blocks a
-    block row), at least ``PIPELINE_MIN_ROWS`` rows and ``PIPELINE_MIN_CHUNK_BYTES`` of A;
-    the remainder is a chunk of its own, at least half a chunk (a shorter one is a partial
-    wave that nothing overlaps)."""
+def copy_chunk_rows(k_dim: int, ms: int, grid_x: int, slots: int) -> int:
+    """Rows of a chunk of a pipelined copied-A launch, 0 where none pays: a whole number
+    of waves (``slots`` resident blocks over ``grid_x`` blocks a block row), at least
+    ``PIPELINE_MIN_ROWS`` rows and ``PIPELINE_MIN_CHUNK_BYTES`` of A."""
     wave_rows = slots // grid_x * ms
     if wave_rows == 0:
-        return [m_rows]
+        return 0
     rows = wave_rows * -(-PIPELINE_MIN_ROWS // wave_rows)
-    whole, rest = divmod(m_rows, rows)
-    if (m_rows < PIPELINE_MIN_CHUNKS * rows or 4 * rows * k_dim < PIPELINE_MIN_CHUNK_BYTES
-            or 0 < 2 * rest < rows):
+    return rows if 4 * rows * k_dim >= PIPELINE_MIN_CHUNK_BYTES else 0
+
+
+def copy_chunks(m_rows: int, rows: int) -> list[int]:
+    """The chunks of ``m_rows`` rows in chunks of ``rows`` (``[m_rows]``: not pipelined):
+    at least ``PIPELINE_MIN_CHUNKS``, the remainder a chunk of its own of at least half a
+    chunk (a shorter one is a partial wave that nothing overlaps)."""
+    whole, rest = divmod(m_rows, rows) if rows else (0, m_rows)
+    if not rows or m_rows < PIPELINE_MIN_CHUNKS * rows or 0 < 2 * rest < rows:
         return [m_rows]
     return [rows] * whole + ([rest] if rest else [])
 
@@ -418,8 +423,9 @@ class Kernel:
                           max(1, min(-(-m_rows * n_cols // 256), sms * 16)), copy_a,
                           c.stream_k, tma_a)
         if copy_a is not None and reduce is None and not c.stream_k:
-            plan.chunks = copy_chunks(m_rows, k_dim, c.ms, grid[0],
-                                      sms * _resident_blocks(main, c))
+            plan.chunk_rows = copy_chunk_rows(k_dim, c.ms, grid[0],
+                                              sms * _resident_blocks(main, c))
+            plan.chunks = copy_chunks(m_rows, plan.chunk_rows)
         return plan
 
     def __call__(self, a: Any, b: NMMatrix, out: Any = None, stream: Any = None) -> Any:
