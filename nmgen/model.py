@@ -24,6 +24,7 @@ from .config import (
     ConfigError,
     KernelConfig,
 )
+from .copy_plan import copy_chunk_rows, pipelined
 
 MAX_BLOCKS_PER_SM = 32
 # Calibration against the core benchmark on an H100 (results/core_h100): the share of
@@ -75,6 +76,11 @@ CLOCK_GHZ = 1.9
 # DRAM bandwidth, and its launch adds a gap before the main kernel.
 COPY_BANDWIDTH_SHARE = 0.8
 COPY_LAUNCH_US = 2.0
+# Where the launcher pipelines that copy in chunks (nmgen.copy_plan), the first chunk's
+# copy is exposed in full and the rest cost this share of theirs: at 4096^3, four chunks,
+# the pipelined launch's time over K-major A was 0.52-0.66 of one copy's
+# (results/chunked_tx_h100/core_pipelined2.md), a rest share of 0.35-0.54.
+PIPELINED_COPY_REST = 0.4
 # Reserved by the driver per resident block (CUDA occupancy calculator).
 SMEM_RESERVED_PER_BLOCK = 1024
 SMEM_PER_SM = {80: 164 * 1024, 86: 100 * 1024, 89: 100 * 1024, 90: 228 * 1024}
@@ -336,6 +342,16 @@ def _extra_kernel_ms(gpu: GpuSpec, moved_bytes):
     return moved_bytes / (gpu.dram_gbs * 1e9 * COPY_BANDWIDTH_SHARE) * 1e3 + COPY_LAUNCH_US / 1e3
 
 
+def _copy_share(c: _Columns, gpu: GpuSpec, m_rows: int, col_blocks, k: int):
+    """The share of a copied A tile's copy time that a launch exposes: 1, or where the
+    launcher pipelines it (data-parallel, unsplit), its first chunk and
+    PIPELINED_COPY_REST of the rest."""
+    rows = copy_chunk_rows(k, c.ms, col_blocks, gpu.sms * c.per_sm)
+    piped = c.a_copied & (c.split_k == 1) & ~c.stream_k & pipelined(m_rows, rows)
+    first = np.where(piped, np.minimum(rows / m_rows, 1.0), 1.0)
+    return first + PIPELINED_COPY_REST * (1.0 - first)
+
+
 def _predict(c: _Columns, gpu: GpuSpec, m_rows: int, n_cols: int, k: int) -> dict:
     """The roofline estimate of every configuration in ``c`` (arrays)."""
     row_blocks, col_blocks = _ceil_div(m_rows, c.ms), _ceil_div(n_cols, c.ns)
@@ -364,8 +380,10 @@ def _predict(c: _Columns, gpu: GpuSpec, m_rows: int, n_cols: int, k: int) -> dic
         c.stream_k, block_stages * stage_cycles + fixup,
         np.ceil(waves) * (stages * stage_cycles + (c.slice_k - 1) * SLICE_REDUCE_CYCLES))
     overhead_ms = overhead_cycles / (CLOCK_GHZ * 1e6)
-    # The transpose kernel's time before the main kernel of a copied A tile ("tx").
-    copy_a_ms = np.where(c.a_copied, _extra_kernel_ms(gpu, 4.0 * m_rows * k * 2), 0.0)
+    # The transpose kernel's time before the main kernel of a copied A tile ("tx"), less
+    # where the launcher pipelines it.
+    copy_a_ms = np.where(c.a_copied, _extra_kernel_ms(gpu, 4.0 * m_rows * k * 2)
+                         * _copy_share(c, gpu, m_rows, col_blocks, k), 0.0)
     # Split-K: the main kernel writes its slices (c_bytes); the reduction kernel then reads
     # them and writes C, after it (in the max() with the main kernel's compute the model
     # had let it hide: results/model_order_h100.md).

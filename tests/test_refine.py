@@ -62,7 +62,7 @@ def test_stream_k_from_the_command_line(tmp_path):
 
 
 def test_copy_chunks_are_whole_waves_of_enough_rows_and_bytes():
-    from nmgen.gpu.launch import copy_chunk_rows, copy_chunks
+    from nmgen.copy_plan import copy_chunk_rows, copy_chunks
 
     # The H100 core kernels at 4096^3: 16 blocks a block row, 264 slots: 16 rows a wave.
     assert copy_chunk_rows(4096, 64, 16, 264) == 1024

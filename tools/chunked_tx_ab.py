@@ -10,7 +10,7 @@ mostly vanish; the price is a launch pair a chunk and a smaller grid.
 Times, in turns in one process, each checked against float64 first:
   km       the K-major kernel on A already K-major (the bound),
   tx       the row-major kernel on all of A (shipped: pipelined where
-           nmgen.gpu.launch.copy_chunks says so),
+           nmgen.copy_plan says so),
   tx one copy  the same with Kernel.pipeline_copy off: one copy of A, one main kernel,
   tx plan P  the shipped pipeline over the chunks of plan P (--shipped-plans).
   tx/C     the same kernel called on chunks of C rows of A and C rows of the output.

@@ -1,7 +1,7 @@
 """Does the pipelined copy of row-major A pay on every problem it is used on?
 
 For each (pattern, shape) whose tuned winner copies row-major A first (``tx``) and whose
-launch the launcher pipelines (``nmgen.gpu.launch.copy_chunks`` gives more than one
+launch the launcher pipelines (``nmgen.copy_plan`` gives more than one
 chunk), times the winner in turns in one process two ways, each checked against float64
 first (NaN-poisoned output):
 
@@ -21,18 +21,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nmgen.config import ALayout  # noqa: E402
+from nmgen.copy_plan import PIPELINE_MIN_CHUNKS, PIPELINE_MIN_ROWS  # noqa: E402
 from nmgen.dispatch import Dispatcher, problem_key  # noqa: E402
 from nmgen.format import Pattern  # noqa: E402
 from nmgen.gpu import measure  # noqa: E402
 from nmgen.gpu.bench import dense_float64, random_weight  # noqa: E402
-from nmgen.gpu.launch import (  # noqa: E402
-    PIPELINE_MIN_CHUNKS,
-    PIPELINE_MIN_ROWS,
-    Kernel,
-    _cupy,
-    device_info,
-    operand,
-)
+from nmgen.gpu.launch import Kernel, _cupy, device_info, operand  # noqa: E402
 from nmgen.gpu.timing import precompile, time_in_turns  # noqa: E402
 from nmgen.report import geomean, markdown_table  # noqa: E402
 from nmgen.shapes import read_shapes  # noqa: E402

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..codegen import COPY_A_THREADS, COPY_A_TILE, KernelSource, render
 from ..config import ALayout, Arch, KernelConfig
+from ..copy_plan import copy_chunk_rows, copy_chunks
 from ..format import NMMatrix
 from ..model import arch_of_capability, blocks_per_sm, gpu_of_device_name, gpu_spec
 from ..prepare import LayoutKey, prepare_layout
@@ -211,7 +212,7 @@ class LaunchPlan:
         self.params = _params(args)
         self.c_vec4_ok = c_vec4_ok
         self.reduce_grid = reduce_grid
-        # Row-major A copied in chunks of these rows, pipelined (Kernel._plan, copy_chunks);
+        # Row-major A copied in chunks of these rows, pipelined (Kernel._plan, nmgen.copy_plan);
         # empty or one chunk: not. chunk_rows: the chunk this launch's M would be cut in.
         self.chunks: list[int] = []
         self.chunk_rows = 0
@@ -246,38 +247,6 @@ def stream_k_grid(tiles: int, stages: int, resident: int) -> tuple[int, int]:
     results/stream_k_h100/), and gives each block at least one tile's stages."""
     blocks = min(resident, tiles * stages)
     return blocks, max(0, tiles // blocks - 1) * blocks
-
-
-# Row-major A copied K-major first (tx) runs in chunks of M where it pays: chunk j's copy
-# then overlaps chunk j-1's main kernel (H100 at 4096^3: 1.03 of K-major A at 8:32 instead
-# of 1.06, 1.08 instead of 1.12 at 4:32). The limits come from timing the pipelined launch
-# against one copy on the 118 tuned row-major problems that it applied to first
-# (results/chunked_tx_h100/README.md): chunks too short for the overlap to pay for their
-# boundaries, or a short last chunk, lost up to 6 %.
-PIPELINE_MIN_CHUNKS = 3
-PIPELINE_MIN_ROWS = 512
-PIPELINE_MIN_CHUNK_BYTES = 8 << 20  # of A a chunk's copy reads
-
-
-def copy_chunk_rows(k_dim: int, ms: int, grid_x: int, slots: int) -> int:
-    """Rows of a chunk of a pipelined copied-A launch, 0 where none pays: a whole number
-    of waves (``slots`` resident blocks over ``grid_x`` blocks a block row), at least
-    ``PIPELINE_MIN_ROWS`` rows and ``PIPELINE_MIN_CHUNK_BYTES`` of A."""
-    wave_rows = slots // grid_x * ms
-    if wave_rows == 0:
-        return 0
-    rows = wave_rows * -(-PIPELINE_MIN_ROWS // wave_rows)
-    return rows if 4 * rows * k_dim >= PIPELINE_MIN_CHUNK_BYTES else 0
-
-
-def copy_chunks(m_rows: int, rows: int) -> list[int]:
-    """The chunks of ``m_rows`` rows in chunks of ``rows`` (``[m_rows]``: not pipelined):
-    at least ``PIPELINE_MIN_CHUNKS``, the remainder a chunk of its own of at least half a
-    chunk (a shorter one is a partial wave that nothing overlaps)."""
-    whole, rest = divmod(m_rows, rows) if rows else (0, m_rows)
-    if not rows or m_rows < PIPELINE_MIN_CHUNKS * rows or 0 < 2 * rest < rows:
-        return [m_rows]
-    return [rows] * whole + ([rest] if rest else [])
 
 
 _PIPELINE_STREAMS: dict[int, tuple[Any, tuple[Any, Any]]] = {}
@@ -346,7 +315,7 @@ class Kernel:
         self._out_checked: set[tuple] = set()
         self._twin: Kernel | None = None
         # Row-major A copied K-major first (tx) runs pipelined in chunks where
-        # copy_chunks says so; False: one copy, then one main kernel (the A/B tools).
+        # nmgen.copy_plan says so; False: one copy, then one main kernel (the A/B tools).
         self.pipeline_copy = True
 
     @property
@@ -423,8 +392,8 @@ class Kernel:
                           max(1, min(-(-m_rows * n_cols // 256), sms * 16)), copy_a,
                           c.stream_k, tma_a)
         if copy_a is not None and reduce is None and not c.stream_k:
-            plan.chunk_rows = copy_chunk_rows(k_dim, c.ms, grid[0],
-                                              sms * _resident_blocks(main, c))
+            plan.chunk_rows = int(copy_chunk_rows(k_dim, c.ms, grid[0],
+                                                  sms * _resident_blocks(main, c)))
             plan.chunks = copy_chunks(m_rows, plan.chunk_rows)
         return plan
 
