@@ -143,10 +143,11 @@ PIPELINED = [  # copied A (tx) kernels whose copies run pipelined in chunks of M
 ]
 
 
-def pipelined_case(config, kind: str, stream_kind: str):
+def pipelined_case(config, kind: str, stream_kind: str, pad: int = 0):
     """(kernel, b, a, out, stream) for a copied-A kernel at an M that it runs in chunks:
     three whole chunks and a last one of half a chunk plus 37 rows (asserted, else the test
-    would not test the pipeline); K and N odd, so A's rows are not 16-byte aligned."""
+    would not test the pipeline); K and N odd, so A's rows are not 16-byte aligned; with
+    ``pad``, A's rows lie K + pad floats apart (a column slice of a wider array)."""
     import cupy as cp
 
     from nmgen.gpu.launch import operand
@@ -159,8 +160,8 @@ def pipelined_case(config, kind: str, stream_kind: str):
     probe = operand(cp.empty(4, cp.float32), "a")  # the plan needs only the device
     rows = kernel._cached_plan(b, probe, 4, k_dim).chunk_rows  # a chunk on this GPU
     m_rows = 3 * rows + rows // 2 + 37
-    a = cp.asarray(rng.standard_normal((m_rows, k_dim), dtype=np.float32))
-    chunks = kernel._cached_plan(b, operand(a, "a"), m_rows, k_dim).chunks
+    a = cp.asarray(rng.standard_normal((m_rows, k_dim + pad), dtype=np.float32))[:, :k_dim]
+    chunks = kernel._cached_plan(b, operand(a, "a"), m_rows, k_dim + pad).chunks
     assert chunks == [rows] * 3 + [rows // 2 + 37], chunks
     out = cp.full((m_rows, n_cols), cp.nan, cp.float32)
     stream = cp.cuda.Stream(non_blocking=True) if stream_kind == "side" else None
@@ -171,16 +172,18 @@ def pipelined_case(config, kind: str, stream_kind: str):
     return kernel, b, a, out, stream
 
 
-@pytest.mark.parametrize("shape", PIPELINED)
-def test_pipelined_copy_matches_reference_and_the_single_copy(shape, gpu_cases):
+@pytest.mark.parametrize(("shape", "pad"), [(PIPELINED[0], 0), (PIPELINED[1], 0),
+                                           (PIPELINED[0], 3)])
+def test_pipelined_copy_matches_reference_and_the_single_copy(shape, pad, gpu_cases):
     """Chunk j's copy overlapping chunk j-1's main kernel gives the float64 answer, and
-    the same bits as one copy then one main kernel (every block computes as before)."""
+    the same bits as one copy then one main kernel (every block computes as before); also
+    for A whose rows are further apart than K."""
     import cupy as cp
 
     config = nmgen.KernelConfig(8, 32, 32, **shape, a_tile="tx")
     if config.tma and cp.cuda.Device().compute_capability != "90":
         pytest.skip("the bulk copy engine is sm_90's")
-    kernel, b, a, out, _ = pipelined_case(config, "cupy", "current")
+    kernel, b, a, out, _ = pipelined_case(config, "cupy", "current", pad)
     kernel(a, b, out=out)
     cp.cuda.Device().synchronize()
     assert not bool(cp.isnan(out).any()), "a chunk left unwritten (NaN poison survived)"
