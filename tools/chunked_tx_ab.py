@@ -9,7 +9,9 @@ against float64 first:
   tx one copy  the same with Kernel.pipeline_copy off: one copy of A, one main kernel,
   tx plan P    the shipped pipeline over the chunks of plan P (--plans: C for chunks of
                C rows, or C1+C2+... in order),
-  tx/C         the kernel called on chunks of C rows one after another (--sequential).
+  tx/C         the kernel called on chunks of C rows one after another (--sequential),
+  tx mains only, tx copies only  the shipped pipeline with its copies, or its main
+               kernels, left out (--halves; timing only, wrong output).
 
     python tools/chunked_tx_ab.py --pattern 16:32,12:32,8:32,4:32 --rounds 9 \
         --out results/chunked_tx_h100/core_pipelined2.md
@@ -31,7 +33,7 @@ from nmgen.config import ALayout  # noqa: E402
 from nmgen.format import Pattern  # noqa: E402
 from nmgen.gpu import measure  # noqa: E402
 from nmgen.gpu.bench import dense_float64, random_weight  # noqa: E402
-from nmgen.gpu.launch import Kernel, _cupy, device_info, operand  # noqa: E402
+from nmgen.gpu.launch import Kernel, LaunchPlan, _cupy, device_info, operand  # noqa: E402
 from nmgen.gpu.timing import time_in_turns  # noqa: E402
 from nmgen.space import Problem, core_config  # noqa: E402
 
@@ -53,8 +55,22 @@ def with_chunks(tx: Kernel, a, b, out, plan: list[int]):
     return call
 
 
-def variants(pattern: Pattern, a, b, out, plans: list[list[int]], sequential: list[int]
-             ) -> dict:
+def without(method: str, call):
+    """``call`` with ``LaunchPlan.<method>`` a no-op (timing only: the output is wrong).
+    Inside the shipped pipeline, "launch_copy_a" leaves its main kernels on their streams
+    and events, "launch" its copies: where a pipelined launch's time goes."""
+    def timed(i: int) -> None:
+        original = getattr(LaunchPlan, method)
+        setattr(LaunchPlan, method, lambda self, *args: None)
+        try:
+            call(i)
+        finally:
+            setattr(LaunchPlan, method, original)
+    return timed
+
+
+def variants(pattern: Pattern, a, b, out, plans: list[list[int]], sequential: list[int],
+             halves: bool) -> dict:
     """name -> call(i) of every version timed; all write ``out``."""
     cp = _cupy()
     arch = device_info().arch
@@ -77,6 +93,9 @@ def variants(pattern: Pattern, a, b, out, plans: list[list[int]], sequential: li
     fns.update({f"tx plan {plan_label(plan)}": with_chunks(tx, a, b, out, plan)
                 for plan in plans})
     fns.update({f"tx/{size}": chunked(size) for size in sequential if size < rows})
+    if halves:
+        fns["tx mains only (wrong)"] = without("launch_copy_a", fns[f"tx {tx.name}"])
+        fns["tx copies only (wrong)"] = without("launch", fns[f"tx {tx.name}"])
     return fns
 
 
@@ -92,8 +111,11 @@ def one(pattern: Pattern, shape: tuple[int, int, int], args: argparse.Namespace,
     b = random_weight(pattern.n, pattern.m, 32, depth, cols)
     out = cp.full((rows, cols), cp.nan, cp.float32)
     ref = a.astype(cp.float64) @ dense_float64(b)
-    fns = variants(pattern, a, b, out, parse_plans(args.plans, rows), args.sequential)
+    fns = variants(pattern, a, b, out, parse_plans(args.plans, rows), args.sequential,
+                   args.halves)
     for name, fn in fns.items():
+        if name.endswith("(wrong)"):
+            continue
         err = measure.poisoned_error(lambda fn=fn: fn(0), out, ref)
         if not err < RTOL:
             raise RuntimeError(f"{name} is wrong on {rows}x{cols}x{depth}: {err:.3g}")
@@ -128,6 +150,9 @@ def main() -> None:
                         help="plans for the shipped pipeline, comma-separated: C or C1+C2+...")
     parser.add_argument("--sequential", default=[], type=lambda s: [int(x) for x in s.split(",")],
                         help="chunk rows C for tx/C: chunks one after another on one stream")
+    parser.add_argument("--halves", action="store_true",
+                        help="also the shipped pipeline without its copies, and without "
+                             "its main kernels (timing only)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
