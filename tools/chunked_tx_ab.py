@@ -11,7 +11,10 @@ against float64 first:
                C rows, or C1+C2+... in order),
   tx/C         the kernel called on chunks of C rows one after another (--sequential),
   tx mains only, tx copies only  the shipped pipeline with its copies, or its main
-               kernels, left out (--halves; timing only, wrong output).
+               kernels, left out (--halves; timing only, wrong output),
+  km cap R, tx cap R  (--caps R) the main kernels with their registers capped at R and
+               the copy in blocks of 128 threads, so that a copy block fits on an SM beside
+               two main blocks (co-resident) instead of waiting for a slot.
 
     python tools/chunked_tx_ab.py --pattern 16:32,12:32,8:32,4:32 --rounds 9 \
         --out results/chunked_tx_h100/core_pipelined2.md
@@ -24,20 +27,23 @@ file as of commit 96ae1a3.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from nmgen.codegen import KernelSource, render  # noqa: E402
 from nmgen.config import ALayout  # noqa: E402
 from nmgen.format import Pattern  # noqa: E402
-from nmgen.gpu import measure  # noqa: E402
+from nmgen.gpu import launch, measure  # noqa: E402
 from nmgen.gpu.bench import dense_float64, random_weight  # noqa: E402
 from nmgen.gpu.launch import Kernel, LaunchPlan, _cupy, device_info, operand  # noqa: E402
 from nmgen.gpu.timing import time_in_turns  # noqa: E402
 from nmgen.space import Problem, core_config  # noqa: E402
 
 RTOL = 1e-5
+CORESIDENT_COPY_THREADS = 128  # 24 registers each: 3072 beside two capped main blocks
 
 
 def with_chunks(tx: Kernel, a, b, out, plan: list[int]):
@@ -69,8 +75,43 @@ def without(method: str, call):
     return timed
 
 
+def coresident(config, registers: int, copy_threads: int) -> tuple[Kernel, Kernel]:
+    """(tx kernel, its K-major twin) with the main kernels' registers capped
+    (``__maxnreg__`` instead of the launch bounds) and the transpose in blocks of
+    ``copy_threads``: small enough that a copy block fits on an SM beside two main blocks,
+    so that chunk j+1's copy can run while chunk j's main kernel holds every block slot."""
+    import nmgen.codegen as codegen
+
+    shipped = codegen.COPY_A_THREADS
+    codegen.COPY_A_THREADS = copy_threads
+    try:
+        sources = [render(c) for c in (config, config.replace(a_layout="km", a_tile="tk"))]
+    finally:
+        codegen.COPY_A_THREADS = shipped
+    kernels = []
+    for source in sources:
+        code, count = re.subn(r"__launch_bounds__\(THREADS, \d+\)",
+                              f"__maxnreg__({registers})", source.code)
+        if count != 1:
+            raise RuntimeError(f"{source.name}: no launch bounds to replace")
+        kernels.append(Kernel(source.config, KernelSource(source.config, code)))
+    return kernels[0], kernels[1]
+
+
+def with_copy_threads(copy_threads: int, call):
+    """``call`` with the launcher's transpose launches in blocks of ``copy_threads``."""
+    def timed(i: int) -> None:
+        shipped = launch.COPY_A_THREADS
+        launch.COPY_A_THREADS = copy_threads
+        try:
+            call(i)
+        finally:
+            launch.COPY_A_THREADS = shipped
+    return timed
+
+
 def variants(pattern: Pattern, a, b, out, plans: list[list[int]], sequential: list[int],
-             halves: bool) -> dict:
+             halves: bool, caps: list[int]) -> dict:
     """name -> call(i) of every version timed; all write ``out``."""
     cp = _cupy()
     arch = device_info().arch
@@ -96,6 +137,11 @@ def variants(pattern: Pattern, a, b, out, plans: list[list[int]], sequential: li
     if halves:
         fns["tx mains only (wrong)"] = without("launch_copy_a", fns[f"tx {tx.name}"])
         fns["tx copies only (wrong)"] = without("launch", fns[f"tx {tx.name}"])
+    for cap in caps:
+        capped_tx, capped_km = coresident(tx.config, cap, CORESIDENT_COPY_THREADS)
+        fns[f"km cap {cap}"] = lambda i, k=capped_km: k(a_km, b, out=out)
+        fns[f"tx cap {cap}, copy {CORESIDENT_COPY_THREADS} threads"] = with_copy_threads(
+            CORESIDENT_COPY_THREADS, lambda i, k=capped_tx: k(a, b, out=out))
     return fns
 
 
@@ -112,7 +158,7 @@ def one(pattern: Pattern, shape: tuple[int, int, int], args: argparse.Namespace,
     out = cp.full((rows, cols), cp.nan, cp.float32)
     ref = a.astype(cp.float64) @ dense_float64(b)
     fns = variants(pattern, a, b, out, parse_plans(args.plans, rows), args.sequential,
-                   args.halves)
+                   args.halves, args.caps)
     for name, fn in fns.items():
         if name.endswith("(wrong)"):
             continue
@@ -153,6 +199,9 @@ def main() -> None:
     parser.add_argument("--halves", action="store_true",
                         help="also the shipped pipeline without its copies, and without "
                              "its main kernels (timing only)")
+    parser.add_argument("--caps", default=[], type=lambda s: [int(x) for x in s.split(",")],
+                        help="register caps of co-resident variants: the main kernels capped, "
+                             "the copy in blocks a capped SM still has room for")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
