@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nmgen.codegen import KernelSource, render  # noqa: E402
+from nmgen.codegen import KernelSource, render_text  # noqa: E402
 from nmgen.config import ALayout  # noqa: E402
 from nmgen.format import Pattern  # noqa: E402
 from nmgen.gpu import launch, measure  # noqa: E402
@@ -84,10 +84,14 @@ def coresident(config, registers: int, copy_threads: int) -> tuple[Kernel, Kerne
 
     shipped = codegen.COPY_A_THREADS
     codegen.COPY_A_THREADS = copy_threads
-    try:
-        sources = [render(c) for c in (config, config.replace(a_layout="km", a_tile="tk"))]
+    try:  # render_text: render() keeps what it rendered with the shipped block size
+        template = codegen.template_text(config.family)
+        sources = [render_text(c, template)
+                   for c in (config, config.replace(a_layout="km", a_tile="tk"))]
     finally:
         codegen.COPY_A_THREADS = shipped
+    if f"__launch_bounds__({copy_threads})" not in sources[0].code:
+        raise RuntimeError("the transpose was not rendered for the new block size")
     kernels = []
     for source in sources:
         code, count = re.subn(r"__launch_bounds__\(THREADS, \d+\)",
