@@ -170,6 +170,17 @@ def one(pattern: Pattern, shape: tuple[int, int, int], args: argparse.Namespace,
         if not err < RTOL:
             raise RuntimeError(f"{name} is wrong on {rows}x{cols}x{depth}: {err:.3g}")
     del ref
+    if args.halves:  # where the pipeline's two workspaces landed (the pool picks)
+        spaces = set()
+        original = LaunchPlan.launch_copy_a
+        LaunchPlan.launch_copy_a = lambda self, a_ptr, copy_ptr, stream_ptr: (
+            spaces.add(copy_ptr), original(self, a_ptr, copy_ptr, stream_ptr))
+        try:
+            fns[next(name for name in fns if name.startswith("tx nm_"))](0)
+        finally:
+            LaunchPlan.launch_copy_a = original
+        print("workspaces:", ", ".join(f"{p:#x} (mod 2 MiB {p % (2 << 20):#x})"
+                                       for p in sorted(spaces)), flush=True)
     times = time_in_turns(fns, rounds=args.rounds, repeat=10)
     bound = next(t for name, t in times.items() if name.startswith("km "))
     for name, t in times.items():
