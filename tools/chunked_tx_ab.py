@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import re
+import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -39,7 +41,7 @@ from nmgen.format import Pattern  # noqa: E402
 from nmgen.gpu import launch, measure  # noqa: E402
 from nmgen.gpu.bench import dense_float64, random_weight  # noqa: E402
 from nmgen.gpu.launch import Kernel, LaunchPlan, _cupy, device_info, operand  # noqa: E402
-from nmgen.gpu.timing import time_in_turns  # noqa: E402
+from nmgen.gpu.timing import QUEUE_AHEAD_US, time_ms  # noqa: E402
 from nmgen.space import Problem, core_config  # noqa: E402
 
 RTOL = 1e-5
@@ -181,12 +183,39 @@ def one(pattern: Pattern, shape: tuple[int, int, int], args: argparse.Namespace,
             LaunchPlan.launch_copy_a = original
         print("workspaces:", ", ".join(f"{p:#x} (mod 2 MiB {p % (2 << 20):#x})"
                                        for p in sorted(spaces)), flush=True)
-    times = time_in_turns(fns, rounds=args.rounds, repeat=10)
+    times = in_turns(fns, args.rounds, args.queue_ahead_us)
+    if args.host:
+        for name in (n for n in fns if n.startswith("tx ") and "(wrong)" not in n):
+            print(f"host {name[:40]}: {host_us(fns[name]):.1f} us a call", flush=True)
     bound = next(t for name, t in times.items() if name.startswith("km "))
     for name, t in times.items():
         lines.append(f"| {pattern.n}:{pattern.m} | {rows}x{cols}x{depth} | {name} | "
                      f"{t:.4f} | {t / bound:.3f} |")
         print(lines[-1], flush=True)
+
+
+def in_turns(fns: dict, rounds: int, queue_ahead_us: float) -> dict[str, float]:
+    """time_in_turns with the GPU wait before each timed call set (its default, 100 us,
+    may be shorter than a pipelined call's host path)."""
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            samples[name].append(time_ms(fn, warmup=1, repeat=10,
+                                         queue_ahead_us=queue_ahead_us))
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def host_us(fn, calls: int = 50) -> float:
+    """Median host microseconds of a call (the launches, not the GPU's work)."""
+    cp = _cupy()
+    spent = []
+    for i in range(calls):
+        cp.cuda.Device().synchronize()
+        start = time.perf_counter()
+        fn(i)
+        spent.append((time.perf_counter() - start) * 1e6)
+    cp.cuda.Device().synchronize()
+    return statistics.median(spent)
 
 
 def parse_plans(text: str, rows: int) -> list[list[int]]:
@@ -217,6 +246,10 @@ def main() -> None:
     parser.add_argument("--caps", default=[], type=lambda s: [int(x) for x in s.split(",")],
                         help="register caps of co-resident variants: the main kernels capped, "
                              "the copy in blocks a capped SM still has room for")
+    parser.add_argument("--queue-ahead-us", type=float, default=QUEUE_AHEAD_US,
+                        help="GPU wait queued before each timed call (hides the host path)")
+    parser.add_argument("--host", action="store_true",
+                        help="also the host time of a tx call (median of 50)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
