@@ -12,7 +12,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -171,6 +171,7 @@ class CopyA:
 
 
 _C_VEC4 = 14  # index of the main kernel's c_vec4 argument
+TMA_MAPS_KEPT = 4
 
 
 @dataclass
@@ -184,11 +185,22 @@ class TmaA:
     ld: int
     box: tuple[int, int]  # (MS, KS)
     ptr: int = -1
+    # The maps of the last few addresses: a pipelined copy's chunks take two workspaces in
+    # turns, and copying a map back costs less than encoding it again.
+    encoded: dict[int, bytes] = field(default_factory=dict)
 
     def point_at(self, ptr: int) -> None:
-        if ptr != self.ptr:
+        if ptr == self.ptr:
+            return
+        cached = self.encoded.get(ptr)
+        if cached is not None:
+            ctypes.memmove(self.map, cached, ctypes.sizeof(self.map))
+        else:
             encode_matrix(self.map, ptr, self.cols, self.rows, self.ld, self.box)
-            self.ptr = ptr
+            if len(self.encoded) >= TMA_MAPS_KEPT:
+                self.encoded.pop(next(iter(self.encoded)))
+            self.encoded[ptr] = bytes(self.map)
+        self.ptr = ptr
 
 
 class LaunchPlan:
