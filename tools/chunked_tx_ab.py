@@ -41,7 +41,7 @@ from nmgen.format import Pattern  # noqa: E402
 from nmgen.gpu import launch, measure  # noqa: E402
 from nmgen.gpu.bench import dense_float64, random_weight  # noqa: E402
 from nmgen.gpu.launch import Kernel, LaunchPlan, _cupy, device_info, operand  # noqa: E402
-from nmgen.gpu.timing import QUEUE_AHEAD_US, time_ms  # noqa: E402
+from nmgen.gpu.timing import QUEUE_AHEAD_US, time_in_turns  # noqa: E402
 from nmgen.space import Problem, core_config  # noqa: E402
 
 RTOL = 1e-5
@@ -183,7 +183,8 @@ def one(pattern: Pattern, shape: tuple[int, int, int], args: argparse.Namespace,
             LaunchPlan.launch_copy_a = original
         print("workspaces:", ", ".join(f"{p:#x} (mod 2 MiB {p % (2 << 20):#x})"
                                        for p in sorted(spaces)), flush=True)
-    times = in_turns(fns, args.rounds, args.queue_ahead_us)
+    times = time_in_turns(fns, rounds=args.rounds, repeat=10,
+                          queue_ahead_us=args.queue_ahead_us)
     if args.host:
         for name in (n for n in fns if n.startswith("tx ") and "(wrong)" not in n):
             print(f"host {name[:40]}: {host_us(fns[name]):.1f} us a call", flush=True)
@@ -192,17 +193,6 @@ def one(pattern: Pattern, shape: tuple[int, int, int], args: argparse.Namespace,
         lines.append(f"| {pattern.n}:{pattern.m} | {rows}x{cols}x{depth} | {name} | "
                      f"{t:.4f} | {t / bound:.3f} |")
         print(lines[-1], flush=True)
-
-
-def in_turns(fns: dict, rounds: int, queue_ahead_us: float) -> dict[str, float]:
-    """time_in_turns with the GPU wait before each timed call set (its default, 100 us,
-    may be shorter than a pipelined call's host path)."""
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            samples[name].append(time_ms(fn, warmup=1, repeat=10,
-                                         queue_ahead_us=queue_ahead_us))
-    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def host_us(fn, calls: int = 50) -> float:

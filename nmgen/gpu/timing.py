@@ -77,14 +77,16 @@ def time_ms(fn: Callable[[int], object], warmup: int = 3, repeat: int = 20,
 
 
 def time_in_turns(fns: dict[str, Callable[[int], object]], rounds: int = 3,
-                  repeat: int = 10, warmup: int = 1) -> dict[str, float]:
+                  repeat: int = 10, warmup: int = 1,
+                  queue_ahead_us: float = QUEUE_AHEAD_US) -> dict[str, float]:
     """Median milliseconds of each of ``fns``, timed ``rounds`` times in turns (``repeat``
     calls a turn), so that a drift of the clocks (a GPU still hot from the check's float64
     product, say) touches each alike instead of whichever was timed first."""
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            samples[name].append(time_ms(fn, warmup=warmup, repeat=repeat))
+            samples[name].append(time_ms(fn, warmup=warmup, repeat=repeat,
+                                         queue_ahead_us=queue_ahead_us))
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
