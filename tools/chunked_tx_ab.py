@@ -14,7 +14,10 @@ against float64 first:
                kernels, left out (--halves; timing only, wrong output),
   km cap R, tx cap R  (--caps R) the main kernels with their registers capped at R and
                the copy in blocks of 128 threads, so that a copy block fits on an SM beside
-               two main blocks (co-resident) instead of waiting for a slot.
+               two main blocks (co-resident) instead of waiting for a slot; with
+               --carveout they ask for the largest shared-memory carveout,
+  tx hints L/S, tx one copy, hints L/S  (--copy-hints L/S) the transpose's loads and
+               stores under the L2 eviction policies L and S (first, last, normal, none).
 
     python tools/chunked_tx_ab.py --pattern 16:32,12:32,8:32,4:32 --rounds 9 \
         --out results/chunked_tx_h100/core_pipelined2.md
@@ -45,6 +48,33 @@ from nmgen.gpu.timing import QUEUE_AHEAD_US, time_in_turns  # noqa: E402
 from nmgen.space import Problem, core_config  # noqa: E402
 
 RTOL = 1e-5
+
+# --copy-hints: L2 eviction policies on the transpose's loads of A (read once) and stores
+# of the K-major copy (read next by the main kernel), through createpolicy (sm_80+).
+HINT_HELPERS = r"""{% raw %}
+template <int POLICY> __device__ __forceinline__ unsigned long long l2_policy() {
+    unsigned long long p;
+    if (POLICY == 0)
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    else if (POLICY == 1)
+        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+    else
+        asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+template <int POLICY> __device__ __forceinline__ float4 load_hinted(const float* src) {
+    float4 v;
+    asm volatile("ld.global.nc.L2::cache_hint.v4.f32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(src), "l"(l2_policy<POLICY>()));
+    return v;
+}
+template <int POLICY> __device__ __forceinline__ void store_hinted(float* dst, float4 v) {
+    asm volatile("st.global.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;"
+                 :: "l"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "l"(l2_policy<POLICY>())
+                 : "memory");
+}
+{% endraw %}"""
+POLICIES = {"first": 0, "last": 1, "normal": 2, "none": -1}
 CORESIDENT_COPY_THREADS = 128  # 24 registers each: 3072 beside two capped main blocks
 
 
@@ -104,6 +134,43 @@ def coresident(config, registers: int, copy_threads: int) -> tuple[Kernel, Kerne
     return kernels[0], kernels[1]
 
 
+def hinted(config, load: str, store: str) -> Kernel:
+    """The tx kernel with its transpose's 16-byte loads and stores under the L2 eviction
+    policies ``load`` and ``store`` (first, last, normal; none: as shipped)."""
+    import nmgen.codegen as codegen
+
+    template = codegen.template_text(config.family)
+    plain_load = "__ldg(reinterpret_cast<const float4*>(src))"
+    plain_store = "*reinterpret_cast<float4*>(AT + k * ld + m) = make_float4("
+    for text in (plain_load, plain_store, "// Row-major A (M x K, lda) copied K-major"):
+        if template.count(text) != 1:
+            raise RuntimeError(f"the template no longer holds {text!r} once")
+    if POLICIES[load] >= 0:
+        template = template.replace(plain_load, f"load_hinted<{POLICIES[load]}>(src)")
+    if POLICIES[store] >= 0:
+        template = re.sub(r"\*reinterpret_cast<float4\*>\(AT \+ k \* ld \+ m\) = make_float4\("
+                          r"([^;]*)\);",
+                          lambda mt: f"store_hinted<{POLICIES[store]}>(AT + k * ld + m, "
+                                     f"make_float4({mt.group(1)}));", template)
+    template = template.replace("// Row-major A (M x K, lda) copied K-major",
+                                HINT_HELPERS + "\n// Row-major A (M x K, lda) copied K-major")
+    source = render_text(config, template)
+    return Kernel(source.config, KernelSource(source.config, source.code))
+
+
+CARVEOUT_ATTRIBUTE, MAX_SHARED = 9, 100  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+
+
+def prefer_shared(kernel: Kernel) -> None:
+    """Every function of ``kernel`` asks for the SM's largest shared-memory carveout, so
+    that an SM running two capped main blocks keeps room for a copy block's tile (the
+    driver otherwise picks the smallest carveout that holds the main blocks)."""
+    cp = _cupy()
+    for function in kernel._compiled(cp.cuda.Device().id):
+        if function is not None:
+            cp.cuda.driver.funcSetAttribute(function.ptr, CARVEOUT_ATTRIBUTE, MAX_SHARED)
+
+
 def with_copy_threads(copy_threads: int, call):
     """``call`` with the launcher's transpose launches in blocks of ``copy_threads``."""
     def timed(i: int) -> None:
@@ -117,7 +184,8 @@ def with_copy_threads(copy_threads: int, call):
 
 
 def variants(pattern: Pattern, a, b, out, plans: list[list[int]], sequential: list[int],
-             halves: bool, caps: list[int]) -> dict:
+             halves: bool, caps: list[int], hints: list[str] = (),
+             carveout: bool = False) -> dict:
     """name -> call(i) of every version timed; all write ``out``."""
     cp = _cupy()
     arch = device_info().arch
@@ -143,8 +211,18 @@ def variants(pattern: Pattern, a, b, out, plans: list[list[int]], sequential: li
     if halves:
         fns["tx mains only (wrong)"] = without("launch_copy_a", fns[f"tx {tx.name}"])
         fns["tx copies only (wrong)"] = without("launch", fns[f"tx {tx.name}"])
+    for hint in hints:
+        load, store = hint.split("/")
+        k = hinted(tx.config, load, store)
+        fns[f"tx hints load {load} store {store}"] = lambda i, k=k: k(a, b, out=out)
+        k1 = hinted(tx.config, load, store)
+        k1.pipeline_copy = False
+        fns[f"tx one copy, hints {load}/{store}"] = lambda i, k=k1: k(a, b, out=out)
     for cap in caps:
         capped_tx, capped_km = coresident(tx.config, cap, CORESIDENT_COPY_THREADS)
+        if carveout:
+            for kernel in (capped_tx, capped_km):
+                prefer_shared(kernel)
         fns[f"km cap {cap}"] = lambda i, k=capped_km: k(a_km, b, out=out)
         fns[f"tx cap {cap}, copy {CORESIDENT_COPY_THREADS} threads"] = with_copy_threads(
             CORESIDENT_COPY_THREADS, lambda i, k=capped_tx: k(a, b, out=out))
@@ -164,7 +242,7 @@ def one(pattern: Pattern, shape: tuple[int, int, int], args: argparse.Namespace,
     out = cp.full((rows, cols), cp.nan, cp.float32)
     ref = a.astype(cp.float64) @ dense_float64(b)
     fns = variants(pattern, a, b, out, parse_plans(args.plans, rows), args.sequential,
-                   args.halves, args.caps)
+                   args.halves, args.caps, args.copy_hints, args.carveout)
     for name, fn in fns.items():
         if name.endswith("(wrong)"):
             continue
@@ -236,6 +314,11 @@ def main() -> None:
     parser.add_argument("--caps", default=[], type=lambda s: [int(x) for x in s.split(",")],
                         help="register caps of co-resident variants: the main kernels capped, "
                              "the copy in blocks a capped SM still has room for")
+    parser.add_argument("--carveout", action="store_true",
+                        help="--caps kernels ask for the largest shared-memory carveout")
+    parser.add_argument("--copy-hints", default=[], type=lambda s: s.split(","),
+                        help="LOAD/STORE L2 policies of the transpose (first, last, normal, "
+                             "none), comma-separated: e.g. first/last")
     parser.add_argument("--queue-ahead-us", type=float, default=QUEUE_AHEAD_US,
                         help="GPU wait queued before each timed call (hides the host path)")
     parser.add_argument("--equal-priority", action="store_true",

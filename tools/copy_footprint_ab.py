@@ -1,0 +1,281 @@
+"""Orders and footprints of the pipelined copy of row-major A, against the shipped one.
+
+tools/pipeline_timeline.py shows (H100, 4096^3) that in the shipped pipeline chunk 1's
+copy, launched on an idle GPU just before chunk 0's main kernel is ready, takes every SM
+(1024 blocks) for ~17 us, so chunk 0's main kernel starts after it; the later copies,
+launched while a main kernel holds the SMs, run in the few slots it leaves. Variants,
+timed in turns in one process, each checked against float64 first:
+
+  km                      the K-major kernel on K-major A (the bound),
+  tx                      the shipped pipeline (Kernel._run_pipelined),
+  tx G=g                  (--blocks) copies after the first in g persistent blocks (a
+                          grid-stride loop over 64x64 tiles, the next tile's loads in flight
+                          while the current one is written), so that the main kernels
+                          keep the other SMs,
+  tx G=g same             and the first copy on main kernel 0's stream,
+  tx same                 the first copy on main kernel 0's stream, copy 1 unordered,
+  tx first in stream      the first copy on main kernel 0's stream, copy 1 after it,
+  tx first in stream, copy 1 D us later  (--delays) and a D-us GPU wait before copy 1,
+                          so that main kernel 0 takes its SMs first,
+  tx main first           main streams at the greatest priority, copies at the least,
+  tx first in stream, main first  both,
+  tx two copies first     copies 0 and 1 on main kernel 0's stream, then main kernel 0,
+  tx fresh streams        the shipped order on new streams of the shipped priorities,
+  tx as shipped, through the tool  the shipped order on the launcher's streams.
+
+    python tools/copy_footprint_ab.py --pattern 16:32,12:32,8:32,4:32 --delays 2 --rounds 9
+
+Results: results/copy_order_h100/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+
+from nmgen.config import ALayout  # noqa: E402
+from nmgen.format import Pattern  # noqa: E402
+from nmgen.gpu import launch, measure  # noqa: E402
+from nmgen.gpu.bench import dense_float64, random_weight  # noqa: E402
+from nmgen.gpu.timing import _wait_kernel, time_in_turns  # noqa: E402
+from nmgen.space import Problem, core_config  # noqa: E402
+
+RTOL = 1e-5
+TILE, THREADS = 64, 256
+
+PERSISTENT_SOURCE = r"""
+// Row-major A (M x K, lda) into K-major AT (K x ld): a grid-stride loop over 64x64 tiles.
+// A thread keeps 4 16-byte loads in flight, and loads the next tile's while it writes
+// the current one out.
+extern "C" __global__ void __launch_bounds__(256)
+transpose_persistent(const float* __restrict__ A, float* __restrict__ AT, int M, int K,
+                     long long lda, long long ld) {
+    constexpr int T = 64, CHUNKS = T / 4, ROW_STEP = 256 / CHUNKS, PER = T / ROW_STEP;
+    __shared__ float tile[T][T + 1];
+    const int tiles_k = (K + T - 1) / T, tiles = tiles_k * (int)((ld + T - 1) / T);
+    const int c = threadIdx.x % CHUNKS, r0 = threadIdx.x / CHUNKS;
+    const bool aligned = lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0;
+    float4 v[PER];
+    auto load = [&](int t) {
+        const int k0 = (t % tiles_k) * T, m0 = (t / tiles_k) * T;
+        const bool whole = aligned && k0 + T <= K;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int m = m0 + r0 + i * ROW_STEP, k = k0 + 4 * c;
+            v[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (m < M) {
+                const float* src = A + m * lda + k;
+                if (whole) {
+                    v[i] = __ldg(reinterpret_cast<const float4*>(src));
+                } else {
+                    v[i].x = k < K ? __ldg(src) : 0.f;
+                    v[i].y = k + 1 < K ? __ldg(src + 1) : 0.f;
+                    v[i].z = k + 2 < K ? __ldg(src + 2) : 0.f;
+                    v[i].w = k + 3 < K ? __ldg(src + 3) : 0.f;
+                }
+            }
+        }
+    };
+    int t = blockIdx.x;
+    if (t < tiles) load(t);
+    for (; t < tiles; t += gridDim.x) {
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int r = r0 + i * ROW_STEP;
+            tile[r][4 * c] = v[i].x, tile[r][4 * c + 1] = v[i].y;
+            tile[r][4 * c + 2] = v[i].z, tile[r][4 * c + 3] = v[i].w;
+        }
+        __syncthreads();
+        if (t + gridDim.x < tiles) load(t + gridDim.x);
+        const int k0 = (t % tiles_k) * T, m0 = (t / tiles_k) * T;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int r = r0 + i * ROW_STEP, k = k0 + r, m = m0 + 4 * c;
+            if (k < K && m < ld)
+                *reinterpret_cast<float4*>(AT + k * ld + m) = make_float4(
+                    tile[4 * c][r], tile[4 * c + 1][r], tile[4 * c + 2][r], tile[4 * c + 3][r]);
+        }
+        __syncthreads();
+    }
+}
+"""
+
+
+def persistent_kernel():
+    return launch._cupy().RawKernel(PERSISTENT_SOURCE, "transpose_persistent",
+                             options=("-std=c++17",))
+
+
+def pipelined(tx: launch.Kernel, a, b, out, blocks: int, same_stream: bool,
+              ordered: bool = False, delay_us: float = 0.0, main_first: bool = False,
+              fresh: bool = False):
+    """Kernel._run_pipelined with the copies after the first in ``blocks`` persistent
+    blocks (0: as shipped) and, with ``same_stream``, the first copy on main stream 0
+    (``ordered``: the copy stream waits for it, so copy 1 still follows copy 0; and
+    ``delay_us`` more on the GPU, so that main kernel 0 takes its SMs first).
+    ``main_first``: the main kernels' streams at the greatest priority and the copies'
+    at the least (shipped: the other way round), so that a main kernel ready at the same
+    time as a copy takes the SMs first. ``fresh``: new streams of the shipped priorities
+    instead of the launcher's (made at the first pipelined call of the process)."""
+    cp = launch._cupy()
+    a_op = launch.operand(a, "a")
+    rows_all, depth = a.shape
+    plan_all = tx._cached_plan(b, a_op, rows_all, depth)
+    chunks = plan_all.chunks
+    plans = {rows: tx._cached_plan(b, a_op, rows, depth) for rows in set(chunks)}
+    copy_stream, main_streams = launch._pipeline_streams(a_op.device)
+    if main_first or fresh:
+        least, greatest = launch._priority_range()
+        if main_first:
+            least, greatest = greatest, least
+        copy_stream = cp.cuda.Stream(non_blocking=True, priority=greatest)
+        main_streams = tuple(cp.cuda.Stream(non_blocking=True, priority=least)
+                             for _ in range(2))
+    persistent = persistent_kernel()
+    n_cols = b.shape[1]
+
+    def call(i: int) -> None:
+        caller = cp.cuda.get_current_stream()
+        words = depth * max(p.copy_a.ld for p in plans.values())
+        spaces = [cp.empty(words, np.float32) for _ in range(2)]
+        begin = launch._record(caller)
+        for stream in (copy_stream, *main_streams):
+            stream.wait_event(begin)
+        done, first = [], 0
+        for j, rows in enumerate(chunks):
+            plan, space, main = plans[rows], spaces[j % 2], main_streams[j % 2]
+            if j >= 2:
+                copy_stream.wait_event(done[j - 2])
+            a_ptr = a_op.ptr + 4 * first * depth
+            if j == 0 and same_stream:
+                plan.launch_copy_a(a_ptr, space.data.ptr, main.ptr)
+                if ordered:
+                    copy_stream.wait_event(launch._record(main))
+                    if delay_us > 0:
+                        with copy_stream:
+                            _wait_kernel()((1,), (1,), (np.uint64(delay_us * 1e3),))
+            elif j == 0 or blocks == 0:
+                plan.launch_copy_a(a_ptr, space.data.ptr, copy_stream.ptr)
+                main.wait_event(launch._record(copy_stream))
+            else:
+                with copy_stream:
+                    persistent((blocks,), (THREADS,), (
+                        cp.uint64(a_ptr), space, np.int32(rows), np.int32(depth),
+                        np.int64(depth), np.int64(plan.copy_a.ld)))
+                main.wait_event(launch._record(copy_stream))
+            plan.launch(space.data.ptr, out.data.ptr + 4 * first * n_cols, main.ptr)
+            done.append(launch._record(main))
+            first += rows
+        for event in done[-2:]:
+            caller.wait_event(event)
+    return call
+
+
+def two_copies_first(tx: launch.Kernel, a, b, out):
+    """Copies 0 and 1 one after the other on main stream 0, then main kernel 0 there;
+    main kernel 1 on main stream 1 after copy 1; the rest as shipped. In the shipped order
+    copy 1 takes every SM before main kernel 0 anyway (tools/pipeline_timeline.py); this
+    order keeps that and trades two cross-stream waits (~4 us each) for in-stream ones."""
+    cp = launch._cupy()
+    a_op = launch.operand(a, "a")
+    rows_all, depth = a.shape
+    chunks = tx._cached_plan(b, a_op, rows_all, depth).chunks
+    plans = {rows: tx._cached_plan(b, a_op, rows, depth) for rows in set(chunks)}
+    copy_stream, main_streams = launch._pipeline_streams(a_op.device)
+    n_cols = b.shape[1]
+    starts = [sum(chunks[:j]) for j in range(len(chunks))]
+
+    def call(i: int) -> None:
+        caller = cp.cuda.get_current_stream()
+        words = depth * max(p.copy_a.ld for p in plans.values())
+        spaces = [cp.empty(words, np.float32) for _ in range(2)]
+        begin = launch._record(caller)
+        for stream in (copy_stream, *main_streams):
+            stream.wait_event(begin)
+        first_two = main_streams[0]
+        for j in (0, 1):
+            plans[chunks[j]].launch_copy_a(a_op.ptr + 4 * starts[j] * depth,
+                                           spaces[j].data.ptr, first_two.ptr)
+        main_streams[1].wait_event(launch._record(first_two))
+        done = []
+        for j, rows in enumerate(chunks):
+            plan, space, main = plans[rows], spaces[j % 2], main_streams[j % 2]
+            if j >= 2:
+                copy_stream.wait_event(done[j - 2])
+                plan.launch_copy_a(a_op.ptr + 4 * starts[j] * depth, space.data.ptr,
+                                   copy_stream.ptr)
+                main.wait_event(launch._record(copy_stream))
+            plan.launch(space.data.ptr, out.data.ptr + 4 * starts[j] * n_cols, main.ptr)
+            done.append(launch._record(main))
+        for event in done[-2:]:
+            caller.wait_event(event)
+    return call
+
+
+def one(pattern: Pattern, size: int, args: argparse.Namespace) -> list[str]:
+    cp = launch._cupy()
+    arch = launch.device_info().arch
+    a = cp.random.standard_normal((size, size), dtype=cp.float32)
+    b = random_weight(pattern.n, pattern.m, 32, size, size)
+    out = cp.full((size, size), cp.nan, cp.float32)
+    ref = a.astype(cp.float64) @ dense_float64(b)
+    km = launch.Kernel(core_config(Problem(pattern.n, pattern.m, 32, ALayout.K_MAJOR, arch)))
+    tx = launch.Kernel(core_config(Problem(pattern.n, pattern.m, 32, ALayout.ROW_MAJOR, arch)))
+    a_km = cp.ascontiguousarray(a.T).T
+    fns = {f"km {km.name}": lambda i: km(a_km, b, out=out),
+           f"tx {tx.name}": lambda i: tx(a, b, out=out)}
+    for blocks in args.blocks:
+        fns[f"tx G={blocks}"] = pipelined(tx, a, b, out, blocks, False)
+        fns[f"tx G={blocks} same"] = pipelined(tx, a, b, out, blocks, True)
+    fns["tx same"] = pipelined(tx, a, b, out, 0, True)
+    fns["tx first in stream"] = pipelined(tx, a, b, out, 0, True, True)
+    fns["tx main first"] = pipelined(tx, a, b, out, 0, False, main_first=True)
+    fns["tx two copies first"] = two_copies_first(tx, a, b, out)
+    fns["tx fresh streams"] = pipelined(tx, a, b, out, 0, False, fresh=True)
+    fns["tx as shipped, through the tool"] = pipelined(tx, a, b, out, 0, False)
+    fns["tx first in stream, main first"] = pipelined(tx, a, b, out, 0, True, True,
+                                                      main_first=True)
+    for delay in args.delays:
+        fns[f"tx first in stream, copy 1 {delay} us later"] = pipelined(
+            tx, a, b, out, 0, True, True, delay)
+    for name, fn in fns.items():
+        err = measure.poisoned_error(lambda fn=fn: fn(0), out, ref)
+        if not err < RTOL:
+            raise RuntimeError(f"{name} is wrong: {err:.3g}")
+    del ref
+    times = time_in_turns(fns, rounds=args.rounds, repeat=10, queue_ahead_us=300)
+    bound = next(t for name, t in times.items() if name.startswith("km "))
+    lines = []
+    for name, t in times.items():
+        lines.append(f"| {pattern.n}:{pattern.m} | {name} | {t:.4f} | {t / bound:.3f} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pattern", default="4:32,8:32")
+    parser.add_argument("--size", type=int, default=4096)
+    parser.add_argument("--blocks", default=[],
+                        type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--delays", default=[2.0, 5.0, 10.0],
+                        type=lambda s: [float(x) for x in s.split(",")],
+                        help="GPU waits (us) between copy 0 and copy 1 on the copy stream")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    lines = [f"# Copies on few SMs ({launch.device_info().name}, M = N = K = {args.size})", "",
+             "| pattern | version | ms | over km |", "| --- | --- | --- | --- |"]
+    for text in args.pattern.split(","):
+        lines += one(Pattern.parse(text), args.size, args)
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

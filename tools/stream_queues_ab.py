@@ -1,0 +1,107 @@
+"""Does the pipelined copy's speed depend on which hardware queues its streams land on?
+
+CUDA spreads streams over a few hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS,
+8 by default) in the order they are made; two streams on one queue are ordered as if
+they were one. Here the pipeline's three streams (Kernel._run_pipelined: copy, main 0,
+main 1) are made after 0..S other streams, kept alive, and the shipped pipeline is timed
+with each set in turns with the K-major kernel, in one process, each checked against
+float64 first.
+
+    python tools/stream_queues_ab.py --pattern 4:32,8:32 --shifts 8 --rounds 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from nmgen.config import ALayout  # noqa: E402
+from nmgen.format import Pattern  # noqa: E402
+from nmgen.gpu import launch, measure  # noqa: E402
+from nmgen.gpu.bench import dense_float64, random_weight  # noqa: E402
+from nmgen.gpu.timing import time_in_turns  # noqa: E402
+from nmgen.space import Problem, core_config  # noqa: E402
+
+RTOL = 1e-5
+
+
+def stream_sets(shifts: int) -> list[tuple]:
+    """(copy, (main 0, main 1)) made after 0, 1, ... ``shifts - 1`` other streams each,
+    with the priorities of launch._pipeline_streams; the other streams are kept."""
+    cp = launch._cupy()
+    least, greatest = launch._priority_range()
+    kept, sets = [], []
+    for shift in range(shifts):
+        kept += [cp.cuda.Stream(non_blocking=True) for _ in range(shift)]
+        sets.append((cp.cuda.Stream(non_blocking=True, priority=greatest),
+                     tuple(cp.cuda.Stream(non_blocking=True, priority=least)
+                           for _ in range(2))))
+    stream_sets.kept = kept  # alive as long as the process
+    return sets
+
+
+def with_streams(streams, call):
+    def timed(i: int) -> None:
+        device = launch._cupy().cuda.Device().id
+        shipped = launch._PIPELINE_STREAMS.get(device)
+        launch._PIPELINE_STREAMS[device] = streams
+        try:
+            call(i)
+        finally:
+            launch._PIPELINE_STREAMS[device] = shipped
+    return timed
+
+
+def one(pattern: Pattern, size: int, sets: list, rounds: int) -> list[str]:
+    cp = launch._cupy()
+    arch = launch.device_info().arch
+    a = cp.random.standard_normal((size, size), dtype=cp.float32)
+    b = random_weight(pattern.n, pattern.m, 32, size, size)
+    out = cp.full((size, size), cp.nan, cp.float32)
+    ref = a.astype(cp.float64) @ dense_float64(b)
+    km = launch.Kernel(core_config(Problem(pattern.n, pattern.m, 32, ALayout.K_MAJOR, arch)))
+    tx = launch.Kernel(core_config(Problem(pattern.n, pattern.m, 32, ALayout.ROW_MAJOR, arch)))
+    a_km = cp.ascontiguousarray(a.T).T
+    fns = {f"km {km.name}": lambda i: km(a_km, b, out=out)}
+    for shift, streams in enumerate(sets):
+        fns[f"tx, streams after {shift} more"] = with_streams(
+            streams, lambda i: tx(a, b, out=out))
+    for name, fn in fns.items():
+        err = measure.poisoned_error(lambda fn=fn: fn(0), out, ref)
+        if not err < RTOL:
+            raise RuntimeError(f"{name} is wrong: {err:.3g}")
+    del ref
+    times = time_in_turns(fns, rounds=rounds, repeat=10)
+    bound = next(t for name, t in times.items() if name.startswith("km "))
+    lines = []
+    for name, t in times.items():
+        lines.append(f"| {pattern.n}:{pattern.m} | {name} | {t:.4f} | {t / bound:.3f} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pattern", default="4:32,8:32")
+    parser.add_argument("--size", type=int, default=4096)
+    parser.add_argument("--shifts", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    connections = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "unset (8)")
+    lines = [f"# Pipeline streams after other streams ({launch.device_info().name}, "
+             f"M = N = K = {args.size}, CUDA_DEVICE_MAX_CONNECTIONS {connections})", "",
+             "| pattern | version | ms | over km |", "| --- | --- | --- | --- |"]
+    sets = stream_sets(args.shifts)
+    for text in args.pattern.split(","):
+        lines += one(Pattern.parse(text), args.size, sets, args.rounds)
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
