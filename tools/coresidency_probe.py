@@ -86,6 +86,27 @@ def main() -> None:
         caller.wait_event(launch._record(other))
         caller.wait_event(launch._record(side))
 
+    def spans(calls: int = 20) -> tuple[float, float]:
+        """Median (main end, copy end) in us after the shared start, launched as in
+        "main + copy"."""
+        import statistics
+        main_ends, copy_ends = [], []
+        for _ in range(calls):
+            cp.cuda.Device().synchronize()
+            start, main_end, copy_end = (cp.cuda.Event() for _ in range(3))
+            start.record()
+            other.wait_event(start)
+            side.wait_event(start)
+            with other:
+                km(a_km, b, out=out)
+            main_end.record(other)
+            copy(side.ptr)
+            copy_end.record(side)
+            cp.cuda.Device().synchronize()
+            main_ends.append(cp.cuda.get_elapsed_time(start, main_end) * 1e3)
+            copy_ends.append(cp.cuda.get_elapsed_time(start, copy_end) * 1e3)
+        return statistics.median(main_ends), statistics.median(copy_ends)
+
     fns = {"main": lambda i: km(a_km, b, out=out),
            "copy": lambda i: copy(cp.cuda.get_current_stream().ptr),
            "main + copy": both}
@@ -95,6 +116,8 @@ def main() -> None:
           f"{args.copy_threads} threads, tile {args.copy_tile}, carveout {carveout}")
     for name, t in times.items():
         print(f"| {name} | {t:.4f} ms |")
+    main_end, copy_end = spans()
+    print(f"| launched together: main ends at {main_end:.1f} us, copy at {copy_end:.1f} us |")
     print(f"| main + copy - main | {times['main + copy'] - times['main']:.4f} ms "
           f"(copy alone {times['copy']:.4f}) |")
 
