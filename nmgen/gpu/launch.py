@@ -228,6 +228,9 @@ class LaunchPlan:
         # empty or one chunk: not. chunk_rows: the chunk this launch's M would be cut in.
         self.chunks: list[int] = []
         self.chunk_rows = 0
+        # Workspaces of launches captured into CUDA graphs (``_scratch``): a replay writes
+        # them, so they never go back to CuPy's pool.
+        self.kept: list[Any] = []
         self.lock = threading.Lock()
 
     def launch(self, a_ptr: int, c_ptr: int, stream_ptr: int,
@@ -292,6 +295,42 @@ def _record(stream: Any) -> Any:
     event = _cupy().cuda.Event(disable_timing=True)
     event.record(stream)
     return event
+
+
+def _capturing(stream_ptr: int) -> bool:
+    """Whether work queued on the stream goes into a CUDA graph being captured."""
+    is_capturing = getattr(_cupy().cuda.runtime, "streamIsCapturing", None)
+    return bool(is_capturing(stream_ptr)) if is_capturing is not None else False
+
+
+def _scratch(plan: LaunchPlan, a_op: Operand, capturing: bool, count: int,
+             dtype: Any = np.float32, zeroed: bool = False) -> tuple[Any, int]:
+    """(array, address) of a launch's workspace of ``count`` elements, on the current
+    stream. Outside graph capture it comes from CuPy's pool, which hands it out again
+    only after the work queued on that stream so far. A captured launch's workspace is
+    written by every replay, long after the call: a PyTorch caller's then comes from
+    torch's allocator, which keeps it for the graph; a CuPy caller's is kept on the launch
+    plan, for as long as the weight (so capture a launch once and replay it)."""
+    if capturing and a_op.torch:
+        import torch
+
+        make = torch.zeros if zeroed else torch.empty
+        tensor = make(count, dtype=torch.int32 if dtype == np.int32 else torch.float32,
+                      device=f"cuda:{a_op.device}")
+        return tensor, tensor.data_ptr()
+    cp = _cupy()
+    try:
+        array = (cp.zeros if zeroed else cp.empty)(count, dtype)
+    except cp.cuda.runtime.CUDARuntimeError as exc:
+        if not capturing:
+            raise
+        raise RuntimeError(
+            "nmgen could not allocate a workspace while a CUDA graph was being captured "
+            f"({exc}); make the same call once on this stream before capturing, so that "
+            "CuPy's pool holds the memory, or capture in relaxed mode") from exc
+    if capturing:
+        plan.kept.append(array)
+    return array, array.data.ptr
 
 
 def _resident_blocks(function: Any, config: KernelConfig) -> int:
@@ -429,30 +468,31 @@ class Kernel:
             plan.launch(a_op.ptr, c_op.ptr, stream_ptr)
             return out
         if len(plan.chunks) > 1 and self.pipeline_copy:
-            self._run_pipelined(plan.chunks, a_op, lda, b, c_op.ptr, handle)
+            self._run_pipelined(plan, a_op, lda, b, c_op.ptr, handle)
             return out
-        # Workspaces come from CuPy's pool on the launch stream, so that a later call on
-        # the same stream reuses them only after these kernels.
+        capturing = _capturing(stream_ptr)
         with handle if handle is not None else cp.cuda.get_current_stream():
             a_ptr = a_op.ptr
             if plan.copy_a is not None:
-                a_copy = cp.empty((b.shape[0], plan.copy_a.ld), np.float32)
-                plan.launch_copy_a(a_ptr, a_copy.data.ptr, stream_ptr)
-                a_ptr = a_copy.data.ptr
+                a_copy, a_ptr = _scratch(plan, a_op, capturing, b.shape[0] * plan.copy_a.ld)
+                plan.launch_copy_a(a_op.ptr, a_ptr, stream_ptr)
             if plan.stream_k:  # a partial-sum slot and a flag a block; flags start at 0
                 blocks = plan.grid[0]
-                partials = cp.empty((blocks, self.config.ms * self.config.ns), np.float32)
-                flags = cp.zeros(blocks, np.int32)
-                plan.launch(a_ptr, c_op.ptr, stream_ptr, (partials.data.ptr, flags.data.ptr))
+                partials, partials_ptr = _scratch(plan, a_op, capturing,
+                                                  blocks * self.config.ms * self.config.ns)
+                flags, flags_ptr = _scratch(plan, a_op, capturing, blocks, np.int32, True)
+                plan.launch(a_ptr, c_op.ptr, stream_ptr, (partials_ptr, flags_ptr))
                 return out
             if plan.reduce is None:
                 plan.launch(a_ptr, c_op.ptr, stream_ptr)
                 return out
-            workspace = cp.empty((self.config.split_k, m_rows, n_cols), np.float32)
-            plan.launch(a_ptr, workspace.data.ptr, stream_ptr)
-            plan.reduce((plan.reduce_grid,), (256,), (workspace, np.uint64(c_op.ptr),
-                                                     np.int32(m_rows), np.int32(n_cols),
-                                                     np.int64(n_cols)), 0, handle)
+            workspace, workspace_ptr = _scratch(plan, a_op, capturing,
+                                                self.config.split_k * m_rows * n_cols)
+            plan.launch(a_ptr, workspace_ptr, stream_ptr)
+            plan.reduce((plan.reduce_grid,), (256,), (np.uint64(workspace_ptr),
+                                                     np.uint64(c_op.ptr), np.int32(m_rows),
+                                                     np.int32(n_cols), np.int64(n_cols)),
+                        0, handle)
         return out
 
     def _cached_plan(self, b: NMMatrix, a_op: Operand, m_rows: int, lda: int) -> LaunchPlan:
@@ -462,7 +502,7 @@ class Kernel:
             plan = b._prepared[key] = self._plan(b, a_op.device, m_rows, lda, key[-1])
         return plan
 
-    def _run_pipelined(self, chunks: list[int], a_op: Operand, lda: int, b: NMMatrix,
+    def _run_pipelined(self, whole: LaunchPlan, a_op: Operand, lda: int, b: NMMatrix,
                        c_ptr: int, handle: Any) -> None:
         """Row-major A copied and multiplied in chunks of rows: chunk j's copy (on a copy
         stream) overlaps chunk j-1's main kernel, and the main kernels take two streams in
@@ -473,18 +513,20 @@ class Kernel:
         cp = _cupy()
         caller = handle if handle is not None else cp.cuda.get_current_stream()
         copy_stream, main_streams = _pipeline_streams(a_op.device)
+        chunks = whole.chunks
         plans = {rows: self._cached_plan(b, a_op, rows, lda) for rows in set(chunks)}
         depth, n_cols = b.shape
+        capturing = _capturing(caller.ptr)
         with caller:
             words = depth * max(plan.copy_a.ld for plan in plans.values())
-            spaces = [cp.empty(words, np.float32) for _ in range(2)]  # freed after the join
+            spaces = [_scratch(whole, a_op, capturing, words) for _ in range(2)]
         begin = _record(caller)
         for stream in (copy_stream, *main_streams):
             stream.wait_event(begin)
         done: list[Any] = []
         first = 0
         for j, rows in enumerate(chunks):
-            plan, space, main_stream = plans[rows], spaces[j % 2].data.ptr, main_streams[j % 2]
+            plan, space, main_stream = plans[rows], spaces[j % 2][1], main_streams[j % 2]
             if j >= 2:
                 copy_stream.wait_event(done[j - 2])  # workspace j % 2 is free again
             plan.launch_copy_a(a_op.ptr + 4 * first * lda, space, copy_stream.ptr)

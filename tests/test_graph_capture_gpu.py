@@ -1,0 +1,167 @@
+"""GPU: launches captured into CUDA graphs (CuPy's and PyTorch's) and replayed.
+
+Inference code captures its layers once and replays them. A captured launch must replay
+the same work on the buffers it was captured with, new values in them included, and its
+internal workspaces (row-major A's K-major copy, split-K partial sums, stream-K slots)
+must stay reserved for the graph: memory allocated after the capture must never be
+written by a replay.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import nmgen
+from nmgen.gpu.launch import operand
+
+pytestmark = pytest.mark.gpu
+
+RTOL = 1e-5
+SEED = int.from_bytes(os.urandom(4), "little")
+SENTINEL = 12345.0
+
+# name -> (configuration, M, K, N): every path that takes a workspace, and one that does not
+CASES = {
+    "plain": (nmgen.KernelConfig(8, 32, 32, 64, 128, 32, 8, 8, a_layout="km", a_tile="tk"),
+              255, 333, 257),
+    "copied A": (nmgen.KernelConfig(8, 32, 32, 64, 128, 32, 8, 8, a_tile="tx"), 1000, 333, 257),
+    "split-K": (nmgen.KernelConfig(8, 32, 32, 64, 128, 32, 8, 8, split_k=3, a_layout="km",
+                                   a_tile="tk"), 300, 1024 + 13, 131),
+    "stream-K": (nmgen.KernelConfig(8, 32, 32, 64, 128, 64, 8, 8, stream_k=True,
+                                    a_layout="km", a_tile="tk"), 300, 4096 + 13, 131),
+    "copied A, pipelined": (nmgen.KernelConfig(8, 32, 32, 128, 256, 64, 16, 8, stages=3,
+                                               a_tile="tx"), None, 4096 + 13, 4096 + 13),
+}
+
+
+def operands(name: str, rng: np.random.Generator):
+    """(kernel, b, a as CuPy in the kernel's layout, M): for the pipelined case M is three
+    and a half chunks on this GPU (asserted, else the case would not pipeline)."""
+    import cupy as cp
+
+    config, m_rows, k_dim, n_cols = CASES[name]
+    kernel = nmgen.Kernel(config)
+    b = nmgen.prune(rng.standard_normal((k_dim, n_cols), dtype=np.float32),
+                    (config.n, config.m), config.vec)
+    if m_rows is None:
+        probe = operand(cp.empty(4, cp.float32), "a")
+        rows = kernel._cached_plan(b, probe, 4, k_dim).chunk_rows
+        m_rows = 3 * rows + rows // 2 + 37
+        assert len(kernel._cached_plan(b, probe, m_rows, k_dim).chunks) == 4
+    a = cp.asarray(rng.standard_normal((m_rows, k_dim), dtype=np.float32))
+    if config.a_layout is nmgen.ALayout.K_MAJOR:
+        a = cp.ascontiguousarray(a.T).T
+    return kernel, b, a, m_rows
+
+
+def workspace_bytes(kernel: nmgen.Kernel, b, a) -> list[int]:
+    """Bytes of each workspace a launch takes (the sizes the pool would hand out again)."""
+    a_op = operand(a, "a")
+    m_rows, lda = kernel._check_a(a_op, b)
+    plan = kernel._cached_plan(b, a_op, m_rows, lda)
+    depth, n_cols = b.shape
+    c = kernel.config
+    sizes = []
+    if plan.copy_a is not None and len(plan.chunks) > 1:
+        lds = [kernel._cached_plan(b, a_op, rows, lda).copy_a.ld for rows in plan.chunks]
+        sizes += [4 * depth * max(lds)] * 2
+    elif plan.copy_a is not None:
+        sizes.append(4 * depth * plan.copy_a.ld)
+    if c.stream_k:
+        sizes += [4 * plan.grid[0] * c.ms * c.ns, 4 * plan.grid[0]]
+    elif c.split_k > 1:
+        sizes.append(4 * c.split_k * m_rows * n_cols)
+    return sizes
+
+
+def sentinels(sizes: list[int], torch=None) -> list:
+    """Two arrays of every size, filled with SENTINEL: allocated after a capture, they
+    take any workspace memory that went back to the pool (CuPy's, or torch's)."""
+    import cupy as cp
+
+    arrays = [cp.full(size // 4, SENTINEL, cp.float32) for size in sizes for _ in range(2)]
+    if torch is not None:
+        arrays += [torch.full((size // 4,), SENTINEL, device="cuda")
+                   for size in sizes for _ in range(2)]
+    return arrays
+
+
+def fill_new_values(a, rng: np.random.Generator) -> None:
+    """New values into ``a`` in place (the graph keeps its address)."""
+    import cupy as cp
+
+    a[...] = cp.asarray(rng.standard_normal(a.shape, dtype=np.float32))
+
+
+def check(out, a, b) -> None:
+    import cupy as cp
+
+    out64 = cp.asarray(out, dtype=cp.float64)
+    ref = nmgen.reference(cp.asarray(a), b)
+    assert not bool(cp.isnan(out64).any()), "the replay left output unwritten"
+    err = float(cp.linalg.norm(out64 - ref) / max(float(cp.linalg.norm(ref)), 1e-30))
+    assert err < RTOL, f"relative error {err:.3g} (seed {SEED})"
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_cupy_graph_replays_the_launch(name, gpu_cases):
+    import cupy as cp
+
+    rng = np.random.default_rng(SEED)
+    kernel, b, a, m_rows = operands(name, rng)
+    if kernel.config.tma and cp.cuda.Device().compute_capability != "90":
+        pytest.skip("the bulk copy engine is sm_90's")
+    out = cp.full((m_rows, b.shape[1]), cp.nan, cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        kernel(a, b, out=out)  # warm: compile, plan, prepare the weight
+        stream.synchronize()
+        stream.begin_capture()
+        kernel(a, b, out=out)
+        graph = stream.end_capture()
+        a_op = operand(a, "a")
+        plan = kernel._cached_plan(b, a_op, *kernel._check_a(a_op, b))
+        assert len(plan.kept) == len(workspace_bytes(kernel, b, a))  # kept for the graph
+        others = sentinels(workspace_bytes(kernel, b, a))  # a replay must leave them be
+        for _ in range(2):
+            fill_new_values(a, rng)
+            out.fill(cp.nan)
+            graph.launch(stream)
+            stream.synchronize()
+            check(out, a, b)
+            for other in others:
+                assert bool((other == SENTINEL).all()), "a replay wrote into freed memory"
+    gpu_cases["kernel_cases"] += 2
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_torch_graph_replays_the_launch(name, gpu_cases):
+    torch = pytest.importorskip("torch")
+    import cupy as cp
+
+    rng = np.random.default_rng(SEED)
+    kernel, b, a, _ = operands(name, rng)
+    if kernel.config.tma and cp.cuda.Device().compute_capability != "90":
+        pytest.skip("the bulk copy engine is sm_90's")
+    x = torch.as_tensor(a, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up on a side stream, as torch asks
+        kernel(x, b)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = kernel(x, b)
+    others = sentinels(workspace_bytes(kernel, b, a), torch)
+    for _ in range(2):
+        fill_new_values(cp.asarray(x), rng)
+        y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(y, x, b)
+        for other in others:
+            assert bool((other == SENTINEL).all()), "a replay wrote into freed memory"
+    gpu_cases["kernel_cases"] += 2
