@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nmgen.config import ALayout  # noqa: E402
 from nmgen.format import Pattern  # noqa: E402
 from nmgen.gpu.bench import random_weight  # noqa: E402
-from nmgen.gpu.launch import Kernel, LaunchPlan, _cupy, device_info  # noqa: E402
+from nmgen.gpu.launch import Kernel, LaunchPlan, _cupy, _external_stream, device_info  # noqa: E402
 from nmgen.gpu.timing import _wait_kernel  # noqa: E402
 from nmgen.space import Problem, core_config  # noqa: E402
 
@@ -37,7 +37,7 @@ def traced(calls: int, call) -> list[tuple[str, float, float]]:
 
     def wrap(name: str, label: str):
         def launch(self, *args):
-            stream = cp.cuda.ExternalStream(args[-1] if name == "launch_copy_a" else args[2])
+            stream = _external_stream(args[-1] if name == "launch_copy_a" else args[2])
             start, end = cp.cuda.Event(), cp.cuda.Event()
             start.record(stream)
             originals[name](self, *args)

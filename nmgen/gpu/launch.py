@@ -651,13 +651,32 @@ def _stream(stream: Any, a: Operand) -> Any:
             return None
         return _external_stream(_torch_stream_handle_of()(a.device))
     cp = _cupy()
-    if isinstance(stream, cp.cuda.Stream | cp.cuda.ExternalStream):
+    if isinstance(stream, cp.cuda.Stream | getattr(cp.cuda, "ExternalStream", cp.cuda.Stream)):
         return stream
     return _external_stream(int(getattr(stream, "cuda_stream", stream)))
 
 
+class _RawStream:
+    """A raw ``cudaStream_t`` in the CUDA stream protocol, which CuPy's
+    ``Stream.from_external`` takes (it replaces ``ExternalStream``, deprecated in CuPy 14)."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
 def _external_stream(handle: int) -> Any:
+    """A CuPy stream object for a raw handle, made once a handle."""
     cached = _STREAMS.get(handle)
     if cached is None:
-        cached = _STREAMS[handle] = _cupy().cuda.ExternalStream(handle)
+        stream_class = _cupy().cuda.Stream
+        if hasattr(stream_class, "from_external"):
+            cached = stream_class.from_external(_RawStream(handle))
+        else:  # pragma: no cover - CuPy before 14
+            cached = _cupy().cuda.ExternalStream(handle)
+        _STREAMS[handle] = cached
     return cached
