@@ -43,6 +43,39 @@ def problem_inputs(pattern: Pattern, layout: ALayout, rows: int, cols: int, dept
     return a, b, out, a.astype(cp.float64) @ dense_float64(b)
 
 
+def core_pair(pattern: Pattern):
+    """(K-major kernel, row-major tx kernel) of the core configuration of ``pattern``, L = 32,
+    on this GPU."""
+    from nmgen.gpu.launch import Kernel, device_info
+
+    arch = device_info().arch
+    return tuple(Kernel(core_config(Problem(pattern.n, pattern.m, 32, layout, arch)))
+                 for layout in (ALayout.K_MAJOR, ALayout.ROW_MAJOR))
+
+
+def checked_ratios(fns: dict, out, ref, label: str, rounds: int,
+                   queue_ahead_us: float | None = None) -> list[str]:
+    """Every version in ``fns`` (name -> call(i), each writing ``out``) checked against the
+    float64 ``ref`` on a poisoned output, then all timed in turns; a table row each,
+    "| label | name | ms | over the first version |", printed as it comes."""
+    from nmgen.gpu import measure
+    from nmgen.gpu.timing import QUEUE_AHEAD_US, time_in_turns
+
+    for name, fn in fns.items():
+        err = measure.poisoned_error(lambda fn=fn: fn(0), out, ref)
+        if not err < 1e-5:
+            raise RuntimeError(f"{name} is wrong: relative error {err:.3g}")
+    times = time_in_turns(fns, rounds=rounds, repeat=10,
+                          queue_ahead_us=QUEUE_AHEAD_US if queue_ahead_us is None
+                          else queue_ahead_us)
+    bound = next(iter(times.values()))
+    lines = []
+    for name, t in times.items():
+        lines.append(f"| {label} | {name} | {t:.4f} | {t / bound:.3f} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
 def add_variant_args(parser: argparse.ArgumentParser, nvcc_help: str) -> None:
     """The options both A/B tools take: the kernels, the problem size, the output folder
     and the host-only nvcc mode (with SASS counts where cuobjdump is found)."""

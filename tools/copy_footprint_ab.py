@@ -37,15 +37,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
+from _ab import checked_ratios, core_pair, problem_inputs  # noqa: E402
 
 from nmgen.config import ALayout  # noqa: E402
 from nmgen.format import Pattern  # noqa: E402
-from nmgen.gpu import launch, measure  # noqa: E402
-from nmgen.gpu.bench import dense_float64, random_weight  # noqa: E402
-from nmgen.gpu.timing import _wait_kernel, time_in_turns  # noqa: E402
-from nmgen.space import Problem, core_config  # noqa: E402
+from nmgen.gpu import launch  # noqa: E402
+from nmgen.gpu.timing import _wait_kernel  # noqa: E402
 
-RTOL = 1e-5
 TILE, THREADS = 64, 256
 
 PERSISTENT_SOURCE = r"""
@@ -111,6 +109,19 @@ def persistent_kernel():
                              options=("-std=c++17",))
 
 
+def start_call(plans: dict, depth: int, streams: tuple):
+    """(caller's stream, two K-major workspaces) of a pipelined call, ``streams`` made to
+    wait for the caller's work so far (as Kernel._run_pipelined does)."""
+    cp = launch._cupy()
+    caller = cp.cuda.get_current_stream()
+    words = depth * max(p.copy_a.ld for p in plans.values())
+    spaces = [cp.empty(words, np.float32) for _ in range(2)]
+    begin = launch._record(caller)
+    for stream in streams:
+        stream.wait_event(begin)
+    return caller, spaces
+
+
 def pipelined(tx: launch.Kernel, a, b, out, blocks: int, same_stream: bool,
               ordered: bool = False, delay_us: float = 0.0, main_first: bool = False,
               fresh: bool = False):
@@ -140,12 +151,7 @@ def pipelined(tx: launch.Kernel, a, b, out, blocks: int, same_stream: bool,
     n_cols = b.shape[1]
 
     def call(i: int) -> None:
-        caller = cp.cuda.get_current_stream()
-        words = depth * max(p.copy_a.ld for p in plans.values())
-        spaces = [cp.empty(words, np.float32) for _ in range(2)]
-        begin = launch._record(caller)
-        for stream in (copy_stream, *main_streams):
-            stream.wait_event(begin)
+        caller, spaces = start_call(plans, depth, (copy_stream, *main_streams))
         done, first = [], 0
         for j, rows in enumerate(chunks):
             plan, space, main = plans[rows], spaces[j % 2], main_streams[j % 2]
@@ -181,7 +187,6 @@ def two_copies_first(tx: launch.Kernel, a, b, out):
     main kernel 1 on main stream 1 after copy 1; the rest as shipped. In the shipped order
     copy 1 takes every SM before main kernel 0 anyway (tools/pipeline_timeline.py); this
     order keeps that and trades two cross-stream waits (~4 us each) for in-stream ones."""
-    cp = launch._cupy()
     a_op = launch.operand(a, "a")
     rows_all, depth = a.shape
     chunks = tx._cached_plan(b, a_op, rows_all, depth).chunks
@@ -191,12 +196,7 @@ def two_copies_first(tx: launch.Kernel, a, b, out):
     starts = [sum(chunks[:j]) for j in range(len(chunks))]
 
     def call(i: int) -> None:
-        caller = cp.cuda.get_current_stream()
-        words = depth * max(p.copy_a.ld for p in plans.values())
-        spaces = [cp.empty(words, np.float32) for _ in range(2)]
-        begin = launch._record(caller)
-        for stream in (copy_stream, *main_streams):
-            stream.wait_event(begin)
+        caller, spaces = start_call(plans, depth, (copy_stream, *main_streams))
         first_two = main_streams[0]
         for j in (0, 1):
             plans[chunks[j]].launch_copy_a(a_op.ptr + 4 * starts[j] * depth,
@@ -219,14 +219,9 @@ def two_copies_first(tx: launch.Kernel, a, b, out):
 
 def one(pattern: Pattern, size: int, args: argparse.Namespace) -> list[str]:
     cp = launch._cupy()
-    arch = launch.device_info().arch
-    a = cp.random.standard_normal((size, size), dtype=cp.float32)
-    b = random_weight(pattern.n, pattern.m, 32, size, size)
-    out = cp.full((size, size), cp.nan, cp.float32)
-    ref = a.astype(cp.float64) @ dense_float64(b)
-    km = launch.Kernel(core_config(Problem(pattern.n, pattern.m, 32, ALayout.K_MAJOR, arch)))
-    tx = launch.Kernel(core_config(Problem(pattern.n, pattern.m, 32, ALayout.ROW_MAJOR, arch)))
+    a, b, out, ref = problem_inputs(pattern, ALayout.ROW_MAJOR, size, size, size)
     a_km = cp.ascontiguousarray(a.T).T
+    km, tx = core_pair(pattern)
     fns = {f"km {km.name}": lambda i: km(a_km, b, out=out),
            f"tx {tx.name}": lambda i: tx(a, b, out=out)}
     for blocks in args.blocks:
@@ -243,18 +238,7 @@ def one(pattern: Pattern, size: int, args: argparse.Namespace) -> list[str]:
     for delay in args.delays:
         fns[f"tx first in stream, copy 1 {delay} us later"] = pipelined(
             tx, a, b, out, 0, True, True, delay)
-    for name, fn in fns.items():
-        err = measure.poisoned_error(lambda fn=fn: fn(0), out, ref)
-        if not err < RTOL:
-            raise RuntimeError(f"{name} is wrong: {err:.3g}")
-    del ref
-    times = time_in_turns(fns, rounds=args.rounds, repeat=10, queue_ahead_us=300)
-    bound = next(t for name, t in times.items() if name.startswith("km "))
-    lines = []
-    for name, t in times.items():
-        lines.append(f"| {pattern.n}:{pattern.m} | {name} | {t:.4f} | {t / bound:.3f} |")
-        print(lines[-1], flush=True)
-    return lines
+    return checked_ratios(fns, out, ref, f"{pattern.n}:{pattern.m}", args.rounds, 300)
 
 
 def main() -> None:

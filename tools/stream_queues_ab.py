@@ -19,14 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _ab import checked_ratios, core_pair, problem_inputs  # noqa: E402
+
 from nmgen.config import ALayout  # noqa: E402
 from nmgen.format import Pattern  # noqa: E402
-from nmgen.gpu import launch, measure  # noqa: E402
-from nmgen.gpu.bench import dense_float64, random_weight  # noqa: E402
-from nmgen.gpu.timing import time_in_turns  # noqa: E402
-from nmgen.space import Problem, core_config  # noqa: E402
-
-RTOL = 1e-5
+from nmgen.gpu import launch  # noqa: E402
 
 
 def stream_sets(shifts: int) -> list[tuple]:
@@ -58,30 +55,14 @@ def with_streams(streams, call):
 
 def one(pattern: Pattern, size: int, sets: list, rounds: int) -> list[str]:
     cp = launch._cupy()
-    arch = launch.device_info().arch
-    a = cp.random.standard_normal((size, size), dtype=cp.float32)
-    b = random_weight(pattern.n, pattern.m, 32, size, size)
-    out = cp.full((size, size), cp.nan, cp.float32)
-    ref = a.astype(cp.float64) @ dense_float64(b)
-    km = launch.Kernel(core_config(Problem(pattern.n, pattern.m, 32, ALayout.K_MAJOR, arch)))
-    tx = launch.Kernel(core_config(Problem(pattern.n, pattern.m, 32, ALayout.ROW_MAJOR, arch)))
+    a, b, out, ref = problem_inputs(pattern, ALayout.ROW_MAJOR, size, size, size)
     a_km = cp.ascontiguousarray(a.T).T
+    km, tx = core_pair(pattern)
     fns = {f"km {km.name}": lambda i: km(a_km, b, out=out)}
     for shift, streams in enumerate(sets):
         fns[f"tx, streams after {shift} more"] = with_streams(
             streams, lambda i: tx(a, b, out=out))
-    for name, fn in fns.items():
-        err = measure.poisoned_error(lambda fn=fn: fn(0), out, ref)
-        if not err < RTOL:
-            raise RuntimeError(f"{name} is wrong: {err:.3g}")
-    del ref
-    times = time_in_turns(fns, rounds=rounds, repeat=10)
-    bound = next(t for name, t in times.items() if name.startswith("km "))
-    lines = []
-    for name, t in times.items():
-        lines.append(f"| {pattern.n}:{pattern.m} | {name} | {t:.4f} | {t / bound:.3f} |")
-        print(lines[-1], flush=True)
-    return lines
+    return checked_ratios(fns, out, ref, f"{pattern.n}:{pattern.m}", rounds)
 
 
 def main() -> None:
