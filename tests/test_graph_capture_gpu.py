@@ -155,6 +155,9 @@ def test_torch_graph_replays_the_launch(name, gpu_cases):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y = kernel(x, b)
+    a_op = operand(x, "a")
+    plan = kernel._cached_plan(b, a_op, *kernel._check_a(a_op, b))
+    assert len(plan.kept) == len(workspace_bytes(kernel, b, a))  # kept for the graph
     others = sentinels(workspace_bytes(kernel, b, a), torch)
     for _ in range(2):
         fill_new_values(cp.asarray(x), rng)

@@ -229,7 +229,7 @@ class LaunchPlan:
         self.chunks: list[int] = []
         self.chunk_rows = 0
         # Workspaces of launches captured into CUDA graphs (``_scratch``): a replay writes
-        # them, so they never go back to CuPy's pool.
+        # them, so they never go back to a pool.
         self.kept: list[Any] = []
         self.lock = threading.Lock()
 
@@ -306,17 +306,20 @@ def _capturing(stream_ptr: int) -> bool:
 def _scratch(plan: LaunchPlan, a_op: Operand, capturing: bool, count: int,
              dtype: Any = np.float32, zeroed: bool = False) -> tuple[Any, int]:
     """(array, address) of a launch's workspace of ``count`` elements, on the current
-    stream. Outside graph capture it comes from CuPy's pool, which hands it out again
-    only after the work queued on that stream so far. A captured launch's workspace is
-    written by every replay, long after the call: a PyTorch caller's then comes from
-    torch's allocator, which keeps it for the graph; a CuPy caller's is kept on the launch
-    plan, for as long as the weight (so capture a launch once and replay it)."""
+    stream; the caller holds the array until its launches are queued. Outside graph
+    capture it comes from CuPy's pool, which hands it out again only after the work
+    queued on that stream so far. A captured launch's workspace is written by every
+    replay, long after the call, so it is kept on the launch plan for as long as the
+    weight (capture a launch once and replay it). For a PyTorch caller it then comes from
+    torch's allocator: inside ``torch.cuda.graph`` that is the graph's own pool, where
+    CuPy's could not allocate."""
     if capturing and a_op.torch:
         import torch
 
         make = torch.zeros if zeroed else torch.empty
         tensor = make(count, dtype=torch.int32 if dtype == np.int32 else torch.float32,
                       device=f"cuda:{a_op.device}")
+        plan.kept.append(tensor)
         return tensor, tensor.data_ptr()
     cp = _cupy()
     try:
