@@ -168,3 +168,22 @@ def test_torch_graph_replays_the_launch(name, gpu_cases):
         for other in others:
             assert bool((other == SENTINEL).all()), "a replay wrote into freed memory"
     gpu_cases["kernel_cases"] += 2
+
+
+def test_first_call_inside_capture_is_refused_clearly():
+    """The first call for a weight and M builds its launch (compile, weight layout), which
+    cannot be captured: a clear error, and the capture is still usable after it."""
+    import cupy as cp
+
+    rng = np.random.default_rng(SEED)
+    kernel, b, a, m_rows = operands("copied A", rng)
+    out = cp.empty((m_rows, b.shape[1]), cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        with pytest.raises(RuntimeError, match="once before capturing"):
+            kernel(a, b, out=out)
+        stream.end_capture()
+        kernel(a, b, out=out)  # outside capture: builds the launch and runs
+        stream.synchronize()
+    check(out, a, b)

@@ -464,9 +464,9 @@ class Kernel:
             return out
         if self.config.tma and not self.config.a_copied and not addressable(a_op.ptr, lda):
             return self._cp_async_twin().run(a, a_op, b, out, stream)
-        plan = self._cached_plan(b, a_op, m_rows, lda)
         handle = _stream(stream, a_op)
         stream_ptr = _current_stream_ptr() if handle is None else handle.ptr
+        plan = self._cached_plan(b, a_op, m_rows, lda, stream_ptr)
         if plan.reduce is None and plan.copy_a is None and not plan.stream_k:
             plan.launch(a_op.ptr, c_op.ptr, stream_ptr)
             return out
@@ -498,10 +498,19 @@ class Kernel:
                         0, handle)
         return out
 
-    def _cached_plan(self, b: NMMatrix, a_op: Operand, m_rows: int, lda: int) -> LaunchPlan:
+    def _cached_plan(self, b: NMMatrix, a_op: Operand, m_rows: int, lda: int,
+                     stream_ptr: int | None = None) -> LaunchPlan:
+        """The launch plan, built on the first call (``stream_ptr``: the launch stream,
+        which must not be capturing a CUDA graph then)."""
         key = ("plan", self._source_key, a_op.device, m_rows, lda, a_op.ptr % 16 == 0)
         plan = b._prepared.get(key)
         if plan is None:
+            if stream_ptr is not None and _capturing(stream_ptr):
+                raise RuntimeError(
+                    f"{self.name}: the first call for this weight and M = {m_rows} compiles "
+                    "the kernel and lays the weight out on the GPU, which cannot be done "
+                    "while a CUDA graph is being captured; make the same call once before "
+                    "capturing")
             plan = b._prepared[key] = self._plan(b, a_op.device, m_rows, lda, key[-1])
         return plan
 
