@@ -71,15 +71,25 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=4096)
     parser.add_argument("--shifts", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--passes", type=int, default=1,
+                        help="time every set this many times over (is a slow set slow again?)")
+    parser.add_argument("--side-caller", action="store_true",
+                        help="call from a non-blocking stream, not CuPy's default (legacy) one")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     connections = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "unset (8)")
+    caller = "a non-blocking stream" if args.side_caller else "the default stream"
     lines = [f"# Pipeline streams after other streams ({launch.device_info().name}, "
-             f"M = N = K = {args.size}, CUDA_DEVICE_MAX_CONNECTIONS {connections})", "",
+             f"M = N = K = {args.size}, CUDA_DEVICE_MAX_CONNECTIONS {connections}, "
+             f"called from {caller})", "",
              "| pattern | version | ms | over km |", "| --- | --- | --- | --- |"]
+    side = launch._cupy().cuda.Stream(non_blocking=True) if args.side_caller else None
+    if side is not None:
+        side.use()
     sets = stream_sets(args.shifts)
-    for text in args.pattern.split(","):
-        lines += one(Pattern.parse(text), args.size, sets, args.rounds)
+    for _ in range(args.passes):
+        for text in args.pattern.split(","):
+            lines += one(Pattern.parse(text), args.size, sets, args.rounds)
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")
 
