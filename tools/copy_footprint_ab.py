@@ -21,7 +21,9 @@ timed in turns in one process, each checked against float64 first:
   tx first in stream, main first  both,
   tx two copies first     copies 0 and 1 on main kernel 0's stream, then main kernel 0,
   tx fresh streams        the shipped order on new streams of the shipped priorities,
-  tx as shipped, through the tool  the shipped order on the launcher's streams.
+  tx as shipped, through the tool  the shipped order on the launcher's streams,
+  tx same event, copy|main first  main kernel 0 and copy 1 waiting for one event, the
+                          stream priorities deciding.
 
     python tools/copy_footprint_ab.py --pattern 16:32,12:32,8:32,4:32 --delays 2 --rounds 9
 
@@ -217,6 +219,47 @@ def two_copies_first(tx: launch.Kernel, a, b, out):
     return call
 
 
+def same_event(tx: launch.Kernel, a, b, out, main_first: bool):
+    """Copy 0 on main stream 1 (idle until main kernel 1), and main kernel 0 and copy 1
+    both waiting for copy 0's event, so that they become ready together and the stream
+    priorities alone decide which takes the SMs first: the main streams' with
+    ``main_first``, else the copy stream's (as shipped). The rest as shipped."""
+    cp = launch._cupy()
+    a_op = launch.operand(a, "a")
+    rows_all, depth = a.shape
+    chunks = tx._cached_plan(b, a_op, rows_all, depth).chunks
+    plans = {rows: tx._cached_plan(b, a_op, rows, depth) for rows in set(chunks)}
+    least, greatest = launch._priority_range()
+    if main_first:
+        least, greatest = greatest, least
+    copy_stream = cp.cuda.Stream(non_blocking=True, priority=greatest)
+    main_streams = tuple(cp.cuda.Stream(non_blocking=True, priority=least) for _ in range(2))
+    n_cols = b.shape[1]
+    starts = [sum(chunks[:j]) for j in range(len(chunks))]
+
+    def call(i: int) -> None:
+        caller, spaces = start_call(plans, depth, (copy_stream, *main_streams))
+        done = []
+        for j, rows in enumerate(chunks):
+            plan, space, main = plans[rows], spaces[j % 2], main_streams[j % 2]
+            source = a_op.ptr + 4 * starts[j] * depth
+            if j == 0:  # on main stream 1, which has nothing to do before main kernel 1
+                plan.launch_copy_a(source, space.data.ptr, main_streams[1].ptr)
+                first_copy = launch._record(main_streams[1])
+                main.wait_event(first_copy)
+                copy_stream.wait_event(first_copy)
+            else:
+                if j >= 2:
+                    copy_stream.wait_event(done[j - 2])
+                plan.launch_copy_a(source, space.data.ptr, copy_stream.ptr)
+                main.wait_event(launch._record(copy_stream))
+            plan.launch(space.data.ptr, out.data.ptr + 4 * starts[j] * n_cols, main.ptr)
+            done.append(launch._record(main))
+        for event in done[-2:]:
+            caller.wait_event(event)
+    return call
+
+
 def one(pattern: Pattern, size: int, args: argparse.Namespace) -> list[str]:
     cp = launch._cupy()
     a, b, out, ref = problem_inputs(pattern, ALayout.ROW_MAJOR, size, size, size)
@@ -231,6 +274,8 @@ def one(pattern: Pattern, size: int, args: argparse.Namespace) -> list[str]:
     fns["tx first in stream"] = pipelined(tx, a, b, out, 0, True, True)
     fns["tx main first"] = pipelined(tx, a, b, out, 0, False, main_first=True)
     fns["tx two copies first"] = two_copies_first(tx, a, b, out)
+    fns["tx same event, copy first"] = same_event(tx, a, b, out, False)
+    fns["tx same event, main first"] = same_event(tx, a, b, out, True)
     fns["tx fresh streams"] = pipelined(tx, a, b, out, 0, False, fresh=True)
     fns["tx as shipped, through the tool"] = pipelined(tx, a, b, out, 0, False)
     fns["tx first in stream, main first"] = pipelined(tx, a, b, out, 0, True, True,

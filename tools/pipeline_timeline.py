@@ -88,11 +88,14 @@ def main() -> None:
         calls = {"pipelined": functools.partial(tx, a, b, out=out),
                  "one copy": functools.partial(single, a, b, out=out)}
         if args.variants:  # tools/copy_footprint_ab.py's launch orders
-            from copy_footprint_ab import pipelined, two_copies_first
+            from copy_footprint_ab import pipelined, same_event, two_copies_first
             main_first = pipelined(tx, a, b, out, 0, False, main_first=True)
             delayed = pipelined(tx, a, b, out, 0, True, True, 2.0)
             calls["main first"] = functools.partial(main_first, 0)
             calls["two copies first"] = functools.partial(two_copies_first(tx, a, b, out), 0)
+            for main_first in (False, True):
+                calls[f"same event, {'main' if main_first else 'copy'} first"] = (
+                    functools.partial(same_event(tx, a, b, out, main_first), 0))
             for title, variant in (("first in stream", {}),
                                    ("first in stream, main first", {"main_first": True})):
                 calls[title] = functools.partial(
