@@ -111,6 +111,16 @@ def persistent_kernel():
                              options=("-std=c++17",))
 
 
+def chunk_plans(tx: launch.Kernel, a, b):
+    """(A's operand, K, the launcher's chunks of M, their launch plans by rows, each
+    chunk's first row) of a pipelined ``tx`` call."""
+    a_op = launch.operand(a, "a")
+    rows_all, depth = a.shape
+    chunks = tx._cached_plan(b, a_op, rows_all, depth).chunks
+    plans = {rows: tx._cached_plan(b, a_op, rows, depth) for rows in set(chunks)}
+    return a_op, depth, chunks, plans, [sum(chunks[:j]) for j in range(len(chunks))]
+
+
 def start_call(plans: dict, depth: int, streams: tuple):
     """(caller's stream, two K-major workspaces) of a pipelined call, ``streams`` made to
     wait for the caller's work so far (as Kernel._run_pipelined does)."""
@@ -136,11 +146,7 @@ def pipelined(tx: launch.Kernel, a, b, out, blocks: int, same_stream: bool,
     time as a copy takes the SMs first. ``fresh``: new streams of the shipped priorities
     instead of the launcher's (made at the first pipelined call of the process)."""
     cp = launch._cupy()
-    a_op = launch.operand(a, "a")
-    rows_all, depth = a.shape
-    plan_all = tx._cached_plan(b, a_op, rows_all, depth)
-    chunks = plan_all.chunks
-    plans = {rows: tx._cached_plan(b, a_op, rows, depth) for rows in set(chunks)}
+    a_op, depth, chunks, plans, _ = chunk_plans(tx, a, b)
     copy_stream, main_streams = launch._pipeline_streams(a_op.device)
     if main_first or fresh:
         least, greatest = launch._priority_range()
@@ -189,13 +195,9 @@ def two_copies_first(tx: launch.Kernel, a, b, out):
     main kernel 1 on main stream 1 after copy 1; the rest as shipped. In the shipped order
     copy 1 takes every SM before main kernel 0 anyway (tools/pipeline_timeline.py); this
     order keeps that and trades two cross-stream waits (~4 us each) for in-stream ones."""
-    a_op = launch.operand(a, "a")
-    rows_all, depth = a.shape
-    chunks = tx._cached_plan(b, a_op, rows_all, depth).chunks
-    plans = {rows: tx._cached_plan(b, a_op, rows, depth) for rows in set(chunks)}
+    a_op, depth, chunks, plans, starts = chunk_plans(tx, a, b)
     copy_stream, main_streams = launch._pipeline_streams(a_op.device)
     n_cols = b.shape[1]
-    starts = [sum(chunks[:j]) for j in range(len(chunks))]
 
     def call(i: int) -> None:
         caller, spaces = start_call(plans, depth, (copy_stream, *main_streams))
@@ -225,17 +227,13 @@ def same_event(tx: launch.Kernel, a, b, out, main_first: bool):
     priorities alone decide which takes the SMs first: the main streams' with
     ``main_first``, else the copy stream's (as shipped). The rest as shipped."""
     cp = launch._cupy()
-    a_op = launch.operand(a, "a")
-    rows_all, depth = a.shape
-    chunks = tx._cached_plan(b, a_op, rows_all, depth).chunks
-    plans = {rows: tx._cached_plan(b, a_op, rows, depth) for rows in set(chunks)}
+    a_op, depth, chunks, plans, starts = chunk_plans(tx, a, b)
     least, greatest = launch._priority_range()
     if main_first:
         least, greatest = greatest, least
     copy_stream = cp.cuda.Stream(non_blocking=True, priority=greatest)
     main_streams = tuple(cp.cuda.Stream(non_blocking=True, priority=least) for _ in range(2))
     n_cols = b.shape[1]
-    starts = [sum(chunks[:j]) for j in range(len(chunks))]
 
     def call(i: int) -> None:
         caller, spaces = start_call(plans, depth, (copy_stream, *main_streams))
