@@ -297,10 +297,16 @@ def _record(stream: Any) -> Any:
     return event
 
 
+@functools.cache  # looked up once, not on every launch
+def _capture_status() -> Callable[[int], int]:
+    """``stream -> cudaStreamIsCapturing`` status (0: not capturing); always 0 where CuPy
+    does not offer the call."""
+    return getattr(_cupy().cuda.runtime, "streamIsCapturing", lambda stream: 0)
+
+
 def _capturing(stream_ptr: int) -> bool:
     """Whether work queued on the stream goes into a CUDA graph being captured."""
-    is_capturing = getattr(_cupy().cuda.runtime, "streamIsCapturing", None)
-    return bool(is_capturing(stream_ptr)) if is_capturing is not None else False
+    return _capture_status()(stream_ptr) != 0
 
 
 def _scratch(plan: LaunchPlan, a_op: Operand, capturing: bool, count: int,
@@ -526,7 +532,7 @@ class Kernel:
         caller = handle if handle is not None else cp.cuda.get_current_stream()
         copy_stream, main_streams = _pipeline_streams(a_op.device)
         chunks = whole.chunks
-        plans = {rows: self._cached_plan(b, a_op, rows, lda) for rows in set(chunks)}
+        plans = {rows: self._cached_plan(b, a_op, rows, lda, caller.ptr) for rows in set(chunks)}
         depth, n_cols = b.shape
         capturing = _capturing(caller.ptr)
         with caller:
