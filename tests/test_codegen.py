@@ -70,7 +70,7 @@ def test_copied_a_runs_the_k_major_kernel_after_a_transpose():
 
     assert f"__launch_bounds__({COPY_A_THREADS})" in transpose
     assert f"COPY_TILE = {COPY_A_TILE}," in transpose
-    assert f"ROW_STEP = {COPY_A_THREADS} / CHUNKS;" in transpose
+    assert f"THREADS_ = {COPY_A_THREADS};" in transpose
 
 
 def test_sliced_k_kernel_splits_the_rows_and_adds_the_slices():
