@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from nmgen.compile import nvcc_path
-from nmgen.gpu import timing
+from nmgen.gpu import launch, timing
 
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_wait_kernel_compiles(tmp_path, arch):
     source = tmp_path / "wait.cu"
-    source.write_text(timing._WAIT_SOURCE)
+    source.write_text(launch._WAIT_SOURCE)
     run = subprocess.run([nvcc_path() or "nvcc", "-cubin", f"-arch={arch}", "-o",
                           str(tmp_path / "wait.cubin"), str(source)],
                          capture_output=True, text=True)
@@ -51,7 +51,7 @@ def test_queue_ahead_keeps_device_time_in():
     import numpy as np
 
     def device_wait(i: int) -> None:
-        timing._wait_kernel()((1,), (1,), (np.uint64(200_000),))
+        launch._wait_kernel()((1,), (1,), (np.uint64(200_000),))
 
     assert 0.195 <= timing.time_ms(device_wait, repeat=9) < 0.26
 
@@ -64,7 +64,7 @@ def test_budget_bounds_the_repeats_of_a_long_kernel():
 
     def long_kernel(i: int) -> None:
         calls.append(i)
-        timing._wait_kernel()((1,), (1,), (np.uint64(20_000_000),))  # 20 ms on the GPU
+        launch._wait_kernel()((1,), (1,), (np.uint64(20_000_000),))  # 20 ms on the GPU
 
     ms = timing.time_ms(long_kernel, warmup=1, repeat=15, budget_ms=50.0)
     assert 19.5 <= ms < 22
@@ -222,7 +222,7 @@ def test_time_in_turns_times_each_alike():
     import numpy as np
 
     def wait(us: int):
-        return lambda i: timing._wait_kernel()((1,), (1,), (np.uint64(us * 1000),))
+        return lambda i: launch._wait_kernel()((1,), (1,), (np.uint64(us * 1000),))
 
     times = timing.time_in_turns({"short": wait(100), "long": wait(300)}, rounds=3, repeat=5)
     assert 0.095 <= times["short"] < 0.15 and 0.295 <= times["long"] < 0.35, times

@@ -22,8 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nmgen.config import ALayout  # noqa: E402
 from nmgen.format import Pattern  # noqa: E402
 from nmgen.gpu.bench import random_weight  # noqa: E402
-from nmgen.gpu.launch import Kernel, LaunchPlan, _cupy, _external_stream, device_info  # noqa: E402
-from nmgen.gpu.timing import _wait_kernel  # noqa: E402
+from nmgen.gpu.launch import (  # noqa: E402
+    Kernel,
+    LaunchPlan,
+    _cupy,
+    _external_stream,
+    _wait_kernel,
+    device_info,
+)
 from nmgen.space import Problem, core_config  # noqa: E402
 
 QUEUE_AHEAD_NS = 300_000  # GPU wait queued before each call: its host path stays out

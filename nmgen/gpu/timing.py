@@ -16,34 +16,14 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from ..codegen import render
 from ..config import KernelConfig
-from .launch import NVRTC_OPTIONS, _cupy
+from .launch import NVRTC_OPTIONS, _cupy, _wait_kernel
 
-# A one-thread kernel that waits on the GPU's nanosecond timer. Launched before each timed
-# call, it keeps the stream busy while the host records the start event and enqueues the
-# call, so the events bracket the device work alone, not the host's launch path (which
-# can be as long as a short kernel; it is measured on its own by
-# tools/bench_dispatch_overhead.py).
-_WAIT_SOURCE = r"""
-extern "C" __global__ void nmgen_wait_ns(unsigned long long ns) {
-    unsigned long long start, now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    do {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    } while (now - start < ns);
-}
-"""
 QUEUE_AHEAD_US = 100.0  # longer than a dispatch call's host path (~20-35 us)
-
-
-@functools.cache
-def _wait_kernel() -> Any:
-    return _cupy().RawKernel(_WAIT_SOURCE, "nmgen_wait_ns")
 
 
 def time_ms(fn: Callable[[int], object], warmup: int = 3, repeat: int = 20,
