@@ -2,7 +2,8 @@
 for chunks of M rows of a K = 4096 A, launched back to back on one stream, each on another
 part of a 256 MiB A so that nothing is read from L2. Per copy: microseconds, and the
 bytes read and written over that time. ``--copy-template`` adds the copy of another version
-of the template, timed in turns with the shipped one.
+of the template, timed in turns with the shipped one; "memcpy" is a device-to-device copy
+of the same bytes.
 
     python tools/copy_speed_probe.py --rows 1024,4096 [--copy-template FILE]
 """
@@ -43,6 +44,21 @@ def copy_us(kernel: Kernel, b, rows: int, a, space, launches: int) -> float:
     return cp.cuda.get_elapsed_time(start, stop) * 1e3 / launches
 
 
+def memcpy_us(rows: int, a, space, launches: int) -> float:
+    """The same for a plain device-to-device copy of the chunk's bytes (the reference)."""
+    cp = _cupy()
+    nbytes, parts = 4 * rows * DEPTH, a.shape[0] // rows
+    stream = cp.cuda.get_current_stream()
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    start.record(stream)
+    for i in range(launches):
+        src = a.data + (i % parts) * nbytes
+        space.data.copy_from_device_async(src, nbytes, stream)
+    stop.record(stream)
+    stop.synchronize()
+    return cp.cuda.get_elapsed_time(start, stop) * 1e3 / launches
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default="1024,4096")
@@ -63,10 +79,11 @@ def main() -> None:
     print("| copy | rows | us (median of rounds) | GB/s read + written |\n"
           "| --- | --- | --- | --- |")
     for rows in (int(r) for r in args.rows.split(",")):
-        times: dict[str, list[float]] = {name: [] for name in kernels}
+        times: dict[str, list[float]] = {name: [] for name in (*kernels, "memcpy")}
         for _ in range(args.rounds):
             for name, kernel in kernels.items():
                 times[name].append(copy_us(kernel, b, rows, a, space, args.launches))
+            times["memcpy"].append(memcpy_us(rows, a, space, args.launches))
         for name, samples in times.items():
             us = sorted(samples)[len(samples) // 2]
             print(f"| {name} | {rows} | {us:.2f} | {2 * 4 * rows * DEPTH / us / 1e3:.0f} |",
