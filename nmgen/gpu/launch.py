@@ -284,8 +284,10 @@ def _wait_kernel() -> Any:
 
 
 # How long copy 1 of a pipelined call waits after copy 0 ends, on the GPU: long enough for
-# main kernel 0's blocks to take the SMs first (2, 5 and 10 us read the same on the H100).
+# main kernel 0's blocks to take the SMs first (waits of 2 to 20 us read the same on the
+# H100, results/copy_order_h100/).
 COPY_1_DELAY_NS = 2000
+
 _PIPELINE_STREAMS: dict[int, tuple[Any, tuple[Any, Any]]] = {}
 
 
