@@ -6,6 +6,7 @@ machine before it is timed."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -74,6 +75,16 @@ def checked_ratios(fns: dict, out, ref, label: str, rounds: int,
         lines.append(f"| {label} | {name} | {t:.4f} | {t / bound:.3f} |")
         print(lines[-1], flush=True)
     return lines
+
+
+def save_report(out: Path | None, stem: str, text: str, record: dict) -> None:
+    """Print an A/B tool's markdown report, and with ``out`` write it and its raw record
+    there as STEM.md and STEM.json."""
+    print(text)
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{stem}.md").write_text(text + "\n")
+        (out / f"{stem}.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
 def add_variant_args(parser: argparse.ArgumentParser, nvcc_help: str) -> None:

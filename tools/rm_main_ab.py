@@ -15,13 +15,12 @@ that better.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _ab import precompile  # noqa: E402
+from _ab import precompile, save_report  # noqa: E402
 from tma_core_ab import candidates  # noqa: E402
 
 from nmgen.codegen import render, render_text  # noqa: E402
@@ -85,12 +84,7 @@ def main() -> None:
     table = markdown_table(["pattern", "version", "kernel", "ms", "over K-major core"], rows)
     text = (f"{gpu}, M=N=K={size}, L=32; {args.rounds} rounds in turns; rm+copy: the "
             f"transpose of {args.copy_template}\n\n{table}")
-    print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "rm_main_ab.md").write_text(text + "\n")
-        (args.out / "rm_main_ab.json").write_text(json.dumps(
-            {"gpu": gpu, "size": size, "rows": record}, indent=1) + "\n")
+    save_report(args.out, "rm_main_ab", text, {"gpu": gpu, "size": size, "rows": record})
 
 
 if __name__ == "__main__":

@@ -15,13 +15,12 @@ machines or two runs; timed in turns on one GPU, clock drift touches both alike.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _ab import add_variant_args, configs_of, nvcc_table, precompile  # noqa: E402
+from _ab import add_variant_args, configs_of, nvcc_table, precompile, save_report  # noqa: E402
 
 from nmgen.codegen import render, render_text  # noqa: E402
 from nmgen.config import Arch  # noqa: E402
@@ -108,13 +107,9 @@ def main() -> None:
     gpu = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     named = ", ".join(f"{x}: {what}" for x, (what, _) in versions.items())
     text = f"{gpu}, M=N=K={size}, L=32; {named}; {args.rounds} rounds in turns\n\n{table}"
-    print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "template_ab.md").write_text(text + "\n")
-        (args.out / "template_ab.json").write_text(json.dumps(
-            {"gpu": gpu, "size": size, "versions": {x: what for x, (what, _) in versions.items()},
-             "rows": record}, indent=1) + "\n")
+    save_report(args.out, "template_ab", text, {
+        "gpu": gpu, "size": size, "versions": {x: what for x, (what, _) in versions.items()},
+        "rows": record})
 
 
 if __name__ == "__main__":

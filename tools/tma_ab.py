@@ -18,13 +18,13 @@ cuBLAS SGEMM:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
+from _ab import save_report  # noqa: E402
 
 from nmgen.codegen import render, render_text  # noqa: E402
 from nmgen.config import KernelConfig  # noqa: E402
@@ -121,12 +121,7 @@ def main() -> None:
                             "shipped ms / TMA ms"], rows)
     out = (f"{gpu}, M=N=K={size}, L=32, K-major A; variant {args.variant.name}; "
            f"{args.rounds} rounds in turns\n\n{table}")
-    print(out)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "tma_ab.md").write_text(out + "\n")
-        (args.out / "tma_ab.json").write_text(json.dumps(
-            {"gpu": gpu, "size": size, "rows": record}, indent=1) + "\n")
+    save_report(args.out, "tma_ab", out, {"gpu": gpu, "size": size, "rows": record})
 
 
 if __name__ == "__main__":
