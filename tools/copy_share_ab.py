@@ -1,0 +1,90 @@
+"""Fewer copy blocks beside a main block: does that slow the main kernels less?
+
+In the pipelined copy of row-major A (Kernel._run_pipelined), copies 1.. run in the block
+slots a one-wave main kernel leaves: the few SMs that hold one main block instead of two.
+Up to four 256-thread copy blocks fit beside it (registers), and the main kernels that
+run beside copies span 107-110 us against 100.5 us alone at 4:32
+(results/copy_order_h100/timeline7.md). Here copies 1.. ask for dynamic shared memory
+they do not use, so that only S-many fit beside a main block, and the shipped pipeline
+is timed in turns with them, after a float64 check of each.
+
+    python tools/copy_share_ab.py --pattern 4:32,8:32 --smem-kb 40,48,66 --rounds 9
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _ab import checked_ratios, core_pair, problem_inputs  # noqa: E402
+
+from nmgen.codegen import COPY_A_THREADS  # noqa: E402
+from nmgen.config import ALayout  # noqa: E402
+from nmgen.format import Pattern  # noqa: E402
+from nmgen.gpu import launch  # noqa: E402
+
+MAX_DYNAMIC_SMEM_ATTRIBUTE = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+
+
+def with_copy_smem(call, smem: int):
+    """``call`` with the launcher's copies on the copy stream (copies 1..) asking for
+    ``smem`` bytes of dynamic shared memory."""
+    cp = launch._cupy()
+    original = launch.LaunchPlan.launch_copy_a
+
+    def launch_copy_a(self, a_ptr: int, copy_ptr: int, stream_ptr: int) -> None:
+        copy_stream, _ = launch._pipeline_streams(cp.cuda.Device().id)
+        if stream_ptr != copy_stream.ptr:
+            return original(self, a_ptr, copy_ptr, stream_ptr)
+        copy = self.copy_a
+        cp.cuda.driver.funcSetAttribute(copy.function.ptr, MAX_DYNAMIC_SMEM_ATTRIBUTE, smem)
+        with self.lock:
+            copy.args[0].value = a_ptr
+            copy.args[1].value = copy_ptr
+            launch._launch(copy.function, copy.grid, COPY_A_THREADS, smem, copy.params,
+                           stream_ptr)
+
+    def patched(i: int) -> None:
+        launch.LaunchPlan.launch_copy_a = launch_copy_a
+        try:
+            call(i)
+        finally:
+            launch.LaunchPlan.launch_copy_a = original
+    return patched
+
+
+def one(pattern: Pattern, size: int, args: argparse.Namespace) -> list[str]:
+    cp = launch._cupy()
+    a, b, out, ref = problem_inputs(pattern, ALayout.ROW_MAJOR, size, size, size)
+    a_km = cp.ascontiguousarray(a.T).T
+    km, tx = core_pair(pattern)
+    fns = {f"km {km.name}": lambda i: km(a_km, b, out=out),
+           f"tx {tx.name}": lambda i: tx(a, b, out=out)}
+    for kb in args.smem_kb:
+        fns[f"tx, copies 1.. with {kb} KB"] = with_copy_smem(lambda i: tx(a, b, out=out),
+                                                             kb * 1024)
+    return checked_ratios(fns, out, ref, str(pattern), args.rounds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pattern", default="4:32,8:32")
+    parser.add_argument("--size", type=int, default=4096)
+    parser.add_argument("--smem-kb", default=[40, 48, 66],
+                        type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    lines = [f"# Copies sharing SMs ({launch.device_info().name}, M = N = K = {args.size})",
+             "", "| pattern | version | ms | over km |", "| --- | --- | --- | --- |"]
+    for text in args.pattern.split(","):
+        lines += one(Pattern.parse(text), args.size, args)
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
