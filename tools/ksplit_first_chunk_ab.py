@@ -1,0 +1,118 @@
+"""Would splitting the first chunk along K shorten the pipelined call? An experiment.
+
+In the shipped pipeline (Kernel._run_pipelined) main kernel 0 waits for all of copy 0,
+which runs alone (15.8 us of a 4:32 call at 4096^3, results/copy_order_h100/timeline7.md).
+Here chunk 0 is done in two halves of K instead: copy 0a (the first K/2 columns of the
+chunk's rows) on main stream 0, main kernel 0a on them (C = A_a B_a), copy 0b on the copy
+stream behind a 2 us wait (so that main kernel 0a takes the SMs first), then main kernel
+0b (C += A_b B_b), compiled from a version of the template whose epilogue adds to C
+(results/ksplit_h100/accumulate.cu.j2). Chunks 1.. are as shipped. Each version is
+checked against float64 (NaN-poisoned output), then timed in turns with the K-major
+kernel and the shipped pipeline.
+
+    python tools/ksplit_first_chunk_ab.py --pattern 4:32,8:32 --rounds 9
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+from _ab import checked_ratios, core_pair, problem_inputs  # noqa: E402
+from copy_footprint_ab import chunk_plans, start_call  # noqa: E402
+
+from nmgen.codegen import render_text  # noqa: E402
+from nmgen.config import ALayout  # noqa: E402
+from nmgen.format import NMMatrix, Pattern  # noqa: E402
+from nmgen.gpu import launch  # noqa: E402
+
+ACCUMULATE = Path(__file__).resolve().parent.parent / "results/ksplit_h100/accumulate.cu.j2"
+
+
+def halves(b: NMMatrix) -> tuple[NMMatrix, NMMatrix]:
+    """``b``'s first and second K/2 rows (K a multiple of 2m), as weights of their own."""
+    depth, cols = b.shape
+    half = depth // 2
+    if half % b.m:
+        raise ValueError(f"K = {depth}: halves must be whole windows of {b.m}")
+    rows = half // b.m * b.n
+    return tuple(NMMatrix.from_compressed(b.values[part], b.indices[part], (b.n, b.m), b.vec,
+                                          (half, cols))
+                 for part in (slice(0, rows), slice(rows, None)))
+
+
+def ksplit_pipeline(tx: launch.Kernel, a, b, out, delay_us: float):
+    """The shipped pipeline with chunk 0 split along K (module docstring)."""
+    a_op, depth, chunks, plans, firsts = chunk_plans(tx, a, b)
+    top, bottom = halves(b)
+    adder = launch.Kernel(tx.config, render_text(tx.config, ACCUMULATE.read_text()))
+    rows0, half = chunks[0], depth // 2
+    plan_top = tx._cached_plan(top, a_op, rows0, depth)
+    plan_bottom = adder._cached_plan(bottom, a_op, rows0, depth)
+    copy_stream, main_streams = launch._pipeline_streams(a_op.device)
+    n_cols = b.shape[1]
+
+    def call(i: int) -> None:
+        caller, spaces = start_call(plans, depth, (copy_stream, *main_streams))
+        main0 = main_streams[0]
+        space_top = spaces[0].data.ptr
+        space_bottom = space_top + 4 * half * plan_top.copy_a.ld
+        plan_top.launch_copy_a(a_op.ptr, space_top, main0.ptr)
+        copy_stream.wait_event(launch._record(main0))
+        plan_top.launch(space_top, out.data.ptr, main0.ptr)
+        launch._wait_kernel()((1,), (1,), (np.uint64(delay_us * 1e3),), stream=copy_stream)
+        plan_bottom.launch_copy_a(a_op.ptr + 4 * half, space_bottom, copy_stream.ptr)
+        main0.wait_event(launch._record(copy_stream))
+        plan_bottom.launch(space_bottom, out.data.ptr, main0.ptr)
+        done = [launch._record(main0)]
+        for j in range(1, len(chunks)):
+            plan, space, main = plans[chunks[j]], spaces[j % 2], main_streams[j % 2]
+            if j >= 2:
+                copy_stream.wait_event(done[j - 2])
+            plan.launch_copy_a(a_op.ptr + 4 * firsts[j] * depth, space.data.ptr,
+                               copy_stream.ptr)
+            main.wait_event(launch._record(copy_stream))
+            plan.launch(space.data.ptr, out.data.ptr + 4 * firsts[j] * n_cols, main.ptr)
+            done.append(launch._record(main))
+        for event in done[-2:]:
+            caller.wait_event(event)
+    call.weights = (top, bottom)  # their device layouts, which the plans point at, stay
+    return call
+
+
+def one(pattern: Pattern, size: int, args: argparse.Namespace) -> list[str]:
+    cp = launch._cupy()
+    a, b, out, ref = problem_inputs(pattern, ALayout.ROW_MAJOR, size, size, size)
+    a_km = cp.ascontiguousarray(a.T).T
+    km, tx = core_pair(pattern)
+    fns = {f"km {km.name}": lambda i: km(a_km, b, out=out),
+           f"tx {tx.name}": lambda i: tx(a, b, out=out)}
+    for delay in args.delays:
+        fns[f"tx, chunk 0 in two halves of K, copy 0b {delay:g} us later"] = ksplit_pipeline(
+            tx, a, b, out, delay)
+    return checked_ratios(fns, out, ref, str(pattern), args.rounds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pattern", default="4:32,8:32")
+    parser.add_argument("--size", type=int, default=4096)
+    parser.add_argument("--delays", default=[2.0, 0.0],
+                        type=lambda s: [float(x) for x in s.split(",")])
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    lines = [f"# Chunk 0 split along K ({launch.device_info().name}, M = N = K = {args.size})",
+             "", "| pattern | version | ms | over km |", "| --- | --- | --- | --- |"]
+    for text in args.pattern.split(","):
+        lines += one(Pattern.parse(text), args.size, args)
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
