@@ -54,6 +54,33 @@ def core_pair(pattern: Pattern):
                  for layout in (ALayout.K_MAJOR, ALayout.ROW_MAJOR))
 
 
+def row_major_core(pattern: Pattern, size: int):
+    """(a, b, out, ref, km, tx, fns) of a size^3 problem for the pipeline tools: row-major
+    A and its K-major twin, the core kernels of both layouts, and ``fns`` holding the
+    K-major kernel (the bound) and the shipped row-major launch, each writing ``out``."""
+    import cupy as cp
+
+    a, b, out, ref = problem_inputs(pattern, ALayout.ROW_MAJOR, size, size, size)
+    a_km = cp.ascontiguousarray(a.T).T
+    km, tx = core_pair(pattern)
+    fns = {f"km {km.name}": lambda i: km(a_km, b, out=out),
+           f"tx {tx.name}": lambda i: tx(a, b, out=out)}
+    return a, b, out, ref, km, tx, fns
+
+
+def pattern_tables(args: argparse.Namespace, title: str, one) -> None:
+    """The pipeline tools' main: ``one(pattern, size, args)`` rows for each of
+    ``args.pattern``, under a header, written to ``args.out`` if given."""
+    from nmgen.gpu.launch import device_info
+
+    lines = [f"# {title} ({device_info().name}, M = N = K = {args.size})", "",
+             "| pattern | version | ms | over km |", "| --- | --- | --- | --- |"]
+    for text in args.pattern.split(","):
+        lines += one(Pattern.parse(text), args.size, args)
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
+
+
 def checked_ratios(fns: dict, out, ref, label: str, rounds: int,
                    queue_ahead_us: float | None = None) -> list[str]:
     """Every version in ``fns`` (name -> call(i), each writing ``out``) checked against the

@@ -19,10 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _ab import checked_ratios, core_pair, problem_inputs  # noqa: E402
+from _ab import checked_ratios, pattern_tables, row_major_core  # noqa: E402
 
 from nmgen.codegen import COPY_A_THREADS  # noqa: E402
-from nmgen.config import ALayout  # noqa: E402
 from nmgen.format import Pattern  # noqa: E402
 from nmgen.gpu import launch  # noqa: E402
 
@@ -57,12 +56,7 @@ def with_copy_smem(call, smem: int):
 
 
 def one(pattern: Pattern, size: int, args: argparse.Namespace) -> list[str]:
-    cp = launch._cupy()
-    a, b, out, ref = problem_inputs(pattern, ALayout.ROW_MAJOR, size, size, size)
-    a_km = cp.ascontiguousarray(a.T).T
-    km, tx = core_pair(pattern)
-    fns = {f"km {km.name}": lambda i: km(a_km, b, out=out),
-           f"tx {tx.name}": lambda i: tx(a, b, out=out)}
+    a, b, out, ref, _, tx, fns = row_major_core(pattern, size)
     for kb in args.smem_kb:
         fns[f"tx, copies 1.. with {kb} KB"] = with_copy_smem(lambda i: tx(a, b, out=out),
                                                              kb * 1024)
@@ -78,12 +72,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    lines = [f"# Copies sharing SMs ({launch.device_info().name}, M = N = K = {args.size})",
-             "", "| pattern | version | ms | over km |", "| --- | --- | --- | --- |"]
-    for text in args.pattern.split(","):
-        lines += one(Pattern.parse(text), args.size, args)
-    if args.out:
-        args.out.write_text("\n".join(lines) + "\n")
+    pattern_tables(args, "Copies sharing SMs", one)
 
 
 if __name__ == "__main__":

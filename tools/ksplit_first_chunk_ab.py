@@ -22,11 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
-from _ab import checked_ratios, core_pair, problem_inputs  # noqa: E402
+from _ab import checked_ratios, pattern_tables, row_major_core  # noqa: E402
 from copy_footprint_ab import chunk_plans, start_call  # noqa: E402
 
 from nmgen.codegen import render_text  # noqa: E402
-from nmgen.config import ALayout  # noqa: E402
 from nmgen.format import NMMatrix, Pattern  # noqa: E402
 from nmgen.gpu import launch  # noqa: E402
 
@@ -85,12 +84,7 @@ def ksplit_pipeline(tx: launch.Kernel, a, b, out, delay_us: float):
 
 
 def one(pattern: Pattern, size: int, args: argparse.Namespace) -> list[str]:
-    cp = launch._cupy()
-    a, b, out, ref = problem_inputs(pattern, ALayout.ROW_MAJOR, size, size, size)
-    a_km = cp.ascontiguousarray(a.T).T
-    km, tx = core_pair(pattern)
-    fns = {f"km {km.name}": lambda i: km(a_km, b, out=out),
-           f"tx {tx.name}": lambda i: tx(a, b, out=out)}
+    a, b, out, ref, _, tx, fns = row_major_core(pattern, size)
     for delay in args.delays:
         fns[f"tx, chunk 0 in two halves of K, copy 0b {delay:g} us later"] = ksplit_pipeline(
             tx, a, b, out, delay)
@@ -106,12 +100,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    lines = [f"# Chunk 0 split along K ({launch.device_info().name}, M = N = K = {args.size})",
-             "", "| pattern | version | ms | over km |", "| --- | --- | --- | --- |"]
-    for text in args.pattern.split(","):
-        lines += one(Pattern.parse(text), args.size, args)
-    if args.out:
-        args.out.write_text("\n".join(lines) + "\n")
+    pattern_tables(args, "Chunk 0 split along K", one)
 
 
 if __name__ == "__main__":
