@@ -139,6 +139,38 @@ def start_call(plans: dict, depth: int, streams: tuple):
     return caller, spaces
 
 
+def variant_streams(main_first: bool):
+    """(copy stream, two main streams), new, with the launcher's priorities, or swapped
+    (``main_first``: the main streams at the greatest priority)."""
+    cp = launch._cupy()
+    least, greatest = launch._priority_range()
+    if main_first:
+        least, greatest = greatest, least
+    return (cp.cuda.Stream(non_blocking=True, priority=greatest),
+            tuple(cp.cuda.Stream(non_blocking=True, priority=least) for _ in range(2)))
+
+
+def queue_copy(j: int, plan, source: int, space_ptr: int, copy_stream, main, done: list):
+    """Chunk j's copy as the launcher queues copies 1..: on the copy stream, after main
+    kernel j-2 has freed its workspace; ``main`` waits for it."""
+    if j >= 2:
+        copy_stream.wait_event(done[j - 2])
+    plan.launch_copy_a(source, space_ptr, copy_stream.ptr)
+    main.wait_event(launch._record(copy_stream))
+
+
+def queue_main(plan, space_ptr: int, out_ptr: int, main, done: list) -> None:
+    """A chunk's main kernel on ``main``; its end event goes on ``done``."""
+    plan.launch(space_ptr, out_ptr, main.ptr)
+    done.append(launch._record(main))
+
+
+def end_call(caller, done: list) -> None:
+    """The caller's stream waits for the last two main kernels (one on each main stream)."""
+    for event in done[-2:]:
+        caller.wait_event(event)
+
+
 def pipelined(tx: launch.Kernel, a, b, out, blocks: int, same_stream: bool,
               ordered: bool = False, delay_us: float = 0.0, main_first: bool = False,
               fresh: bool = False):
@@ -152,14 +184,8 @@ def pipelined(tx: launch.Kernel, a, b, out, blocks: int, same_stream: bool,
     instead of the launcher's (made at the first pipelined call of the process)."""
     cp = launch._cupy()
     a_op, depth, chunks, plans, _ = chunk_plans(tx, a, b)
-    copy_stream, main_streams = launch._pipeline_streams(a_op.device)
-    if main_first or fresh:
-        least, greatest = launch._priority_range()
-        if main_first:
-            least, greatest = greatest, least
-        copy_stream = cp.cuda.Stream(non_blocking=True, priority=greatest)
-        main_streams = tuple(cp.cuda.Stream(non_blocking=True, priority=least)
-                             for _ in range(2))
+    copy_stream, main_streams = (variant_streams(main_first) if main_first or fresh
+                                 else launch._pipeline_streams(a_op.device))
     persistent = persistent_kernel()
     n_cols = b.shape[1]
 
@@ -187,11 +213,9 @@ def pipelined(tx: launch.Kernel, a, b, out, blocks: int, same_stream: bool,
                         cp.uint64(a_ptr), space, np.int32(rows), np.int32(depth),
                         np.int64(depth), np.int64(plan.copy_a.ld)))
                 main.wait_event(launch._record(copy_stream))
-            plan.launch(space.data.ptr, out.data.ptr + 4 * first * n_cols, main.ptr)
-            done.append(launch._record(main))
+            queue_main(plan, space.data.ptr, out.data.ptr + 4 * first * n_cols, main, done)
             first += rows
-        for event in done[-2:]:
-            caller.wait_event(event)
+        end_call(caller, done)
     return call
 
 
@@ -215,14 +239,10 @@ def two_copies_first(tx: launch.Kernel, a, b, out):
         for j, rows in enumerate(chunks):
             plan, space, main = plans[rows], spaces[j % 2], main_streams[j % 2]
             if j >= 2:
-                copy_stream.wait_event(done[j - 2])
-                plan.launch_copy_a(a_op.ptr + 4 * starts[j] * depth, space.data.ptr,
-                                   copy_stream.ptr)
-                main.wait_event(launch._record(copy_stream))
-            plan.launch(space.data.ptr, out.data.ptr + 4 * starts[j] * n_cols, main.ptr)
-            done.append(launch._record(main))
-        for event in done[-2:]:
-            caller.wait_event(event)
+                queue_copy(j, plan, a_op.ptr + 4 * starts[j] * depth, space.data.ptr,
+                           copy_stream, main, done)
+            queue_main(plan, space.data.ptr, out.data.ptr + 4 * starts[j] * n_cols, main, done)
+        end_call(caller, done)
     return call
 
 
@@ -231,13 +251,8 @@ def same_event(tx: launch.Kernel, a, b, out, main_first: bool):
     both waiting for copy 0's event, so that they become ready together and the stream
     priorities alone decide which takes the SMs first: the main streams' with
     ``main_first``, else the copy stream's (as shipped). The rest as shipped."""
-    cp = launch._cupy()
     a_op, depth, chunks, plans, starts = chunk_plans(tx, a, b)
-    least, greatest = launch._priority_range()
-    if main_first:
-        least, greatest = greatest, least
-    copy_stream = cp.cuda.Stream(non_blocking=True, priority=greatest)
-    main_streams = tuple(cp.cuda.Stream(non_blocking=True, priority=least) for _ in range(2))
+    copy_stream, main_streams = variant_streams(main_first)
     n_cols = b.shape[1]
 
     def call(i: int) -> None:
@@ -252,14 +267,9 @@ def same_event(tx: launch.Kernel, a, b, out, main_first: bool):
                 main.wait_event(first_copy)
                 copy_stream.wait_event(first_copy)
             else:
-                if j >= 2:
-                    copy_stream.wait_event(done[j - 2])
-                plan.launch_copy_a(source, space.data.ptr, copy_stream.ptr)
-                main.wait_event(launch._record(copy_stream))
-            plan.launch(space.data.ptr, out.data.ptr + 4 * starts[j] * n_cols, main.ptr)
-            done.append(launch._record(main))
-        for event in done[-2:]:
-            caller.wait_event(event)
+                queue_copy(j, plan, source, space.data.ptr, copy_stream, main, done)
+            queue_main(plan, space.data.ptr, out.data.ptr + 4 * starts[j] * n_cols, main, done)
+        end_call(caller, done)
     return call
 
 

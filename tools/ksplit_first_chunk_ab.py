@@ -23,7 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 from _ab import checked_ratios, pattern_tables, row_major_core  # noqa: E402
-from copy_footprint_ab import chunk_plans, start_call  # noqa: E402
+from copy_footprint_ab import (  # noqa: E402
+    chunk_plans,
+    end_call,
+    queue_copy,
+    queue_main,
+    start_call,
+)
 
 from nmgen.codegen import render_text  # noqa: E402
 from nmgen.format import NMMatrix, Pattern  # noqa: E402
@@ -66,19 +72,14 @@ def ksplit_pipeline(tx: launch.Kernel, a, b, out, delay_us: float):
         launch._wait_kernel()((1,), (1,), (np.uint64(delay_us * 1e3),), stream=copy_stream)
         plan_bottom.launch_copy_a(a_op.ptr + 4 * half, space_bottom, copy_stream.ptr)
         main0.wait_event(launch._record(copy_stream))
-        plan_bottom.launch(space_bottom, out.data.ptr, main0.ptr)
-        done = [launch._record(main0)]
+        done: list = []
+        queue_main(plan_bottom, space_bottom, out.data.ptr, main0, done)
         for j in range(1, len(chunks)):
             plan, space, main = plans[chunks[j]], spaces[j % 2], main_streams[j % 2]
-            if j >= 2:
-                copy_stream.wait_event(done[j - 2])
-            plan.launch_copy_a(a_op.ptr + 4 * firsts[j] * depth, space.data.ptr,
-                               copy_stream.ptr)
-            main.wait_event(launch._record(copy_stream))
-            plan.launch(space.data.ptr, out.data.ptr + 4 * firsts[j] * n_cols, main.ptr)
-            done.append(launch._record(main))
-        for event in done[-2:]:
-            caller.wait_event(event)
+            queue_copy(j, plan, a_op.ptr + 4 * firsts[j] * depth, space.data.ptr, copy_stream,
+                       main, done)
+            queue_main(plan, space.data.ptr, out.data.ptr + 4 * firsts[j] * n_cols, main, done)
+        end_call(caller, done)
     call.weights = (top, bottom)  # their device layouts, which the plans point at, stay
     return call
 
