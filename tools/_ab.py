@@ -44,6 +44,22 @@ def problem_inputs(pattern: Pattern, layout: ALayout, rows: int, cols: int, dept
     return a, b, out, a.astype(cp.float64) @ dense_float64(b)
 
 
+def at_kernel_entry(source: KernelSource, main: str = "", transpose: str = "",
+                    preamble: str = "") -> KernelSource:
+    """``source`` with a line of code at the top of its main kernel and of its transpose
+    kernel (where given and present), and ``preamble`` before the template's namespace:
+    probes and launch variants of the tools, on the template's own code."""
+    code = source.code
+    name = re.escape(source.name)
+    for pattern, line in ((rf"\n{name}\(", main), (rf"\n{name}_transpose\(", transpose)):
+        match = re.search(pattern, code) if line else None
+        if match is not None:
+            body = code.index(") {\n", match.end()) + len(") {\n")
+            code = code[:body] + f"    {line}\n" + code[body:]
+    first = code.index("namespace {")
+    return KernelSource(source.config, code[:first] + preamble + code[first:])
+
+
 def core_pair(pattern: Pattern):
     """(K-major kernel, row-major tx kernel) of the core configuration of ``pattern``, L = 32,
     on this GPU."""

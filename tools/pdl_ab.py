@@ -1,0 +1,146 @@
+"""Main kernel 0 of a pipelined row-major launch as a programmatic dependent launch of
+copy 0, against the shipped pipeline.
+
+tools/block_timeline.py shows (H100, 4096^3, 4:32) that main kernel 0's first block starts
+about 4 us after copy 0's last block ends, on the same stream. With programmatic dependent
+launch (PDL: ``cuLaunchKernelEx`` with programmatic stream serialization), the copy lets
+its dependent launch at once (``griddepcontrol.launch_dependents``), main kernel 0's blocks
+take the SMs as the copy's blocks leave, and wait at their top (``griddepcontrol.wait``)
+until the whole copy is done and its writes are visible. Everything else is the shipped
+pipeline. Versions, timed in turns in one process after a float64 check:
+
+  km               the K-major kernel on K-major A (the bound),
+  tx               the shipped pipeline,
+  tx, PDL source   the source with the two griddepcontrol lines, launched as shipped
+                   (both lines are no-ops without PDL),
+  tx, PDL          that source, main kernel 0 launched with PDL,
+  ..., copy carveout  the same with the copy kernel's preferred shared-memory carveout at
+                   its largest (100), the main kernel's: an SM that ran copy blocks then
+                   takes main blocks without changing its L1/shared split.
+
+    python tools/pdl_ab.py --pattern 16:32,12:32,8:32,4:32 --rounds 9
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import functools
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+from _ab import at_kernel_entry, checked_ratios, pattern_tables, row_major_core  # noqa: E402
+from copy_footprint_ab import chunk_plans, end_call, queue_copy, start_call  # noqa: E402
+
+from nmgen.codegen import KernelSource, render  # noqa: E402
+from nmgen.format import Pattern  # noqa: E402
+from nmgen.gpu import launch  # noqa: E402
+
+WAIT = 'asm volatile("griddepcontrol.wait;" ::: "memory");  // PDL: copy 0 done'
+TRIGGER = 'asm volatile("griddepcontrol.launch_dependents;");  // PDL: main kernel 0 may start'
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+class LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, then a 64-byte union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4),
+                ("value", ctypes.c_char * 64)]
+
+
+class LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("smem", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(LaunchAttribute)), ("count", ctypes.c_uint)]
+
+
+@functools.cache
+def _launch_ex():
+    fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def launch_pdl(function, grid, threads, smem, params, stream_ptr) -> None:
+    """``launch._launch`` as a programmatic dependent launch on ``stream_ptr``."""
+    attr = LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+    ctypes.memmove(attr.value, ctypes.byref(ctypes.c_int(1)), 4)
+    config = LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(threads, 1, 1), smem,
+                          ctypes.c_void_p(stream_ptr), ctypes.pointer(attr), 1)
+    status = _launch_ex()(ctypes.byref(config), ctypes.c_void_p(function.ptr),
+                          ctypes.c_void_p(ctypes.addressof(params)), None)
+    if status:
+        raise RuntimeError(f"cuLaunchKernelEx failed: CUresult {status}")
+
+
+def pipelined(tx: launch.Kernel, a, b, out, pdl: bool):
+    """Kernel._run_pipelined, main kernel 0 launched with PDL where ``pdl``."""
+    a_op, depth, chunks, plans, starts = chunk_plans(tx, a, b)
+    copy_stream, main_streams = launch._pipeline_streams(a_op.device)
+    n_cols = b.shape[1]
+
+    def call(i: int) -> None:
+        caller, spaces = start_call(plans, depth, (copy_stream, *main_streams))
+        done: list = []
+        for j, rows in enumerate(chunks):
+            plan, space, main = plans[rows], spaces[j % 2].data.ptr, main_streams[j % 2]
+            source = a_op.ptr + 4 * starts[j] * depth
+            if j == 0:
+                plan.launch_copy_a(source, space, main.ptr)
+                copy_stream.wait_event(launch._record(main))
+                with copy_stream:
+                    launch._wait_kernel()((1,), (1,), (np.uint64(launch.COPY_1_DELAY_NS),))
+            else:
+                queue_copy(j, plan, source, space, copy_stream, main, done)
+            shipped = launch._launch
+            if j == 0 and pdl:
+                launch._launch = launch_pdl
+            try:
+                plan.launch(space, out.data.ptr + 4 * starts[j] * n_cols, main.ptr)
+            finally:
+                launch._launch = shipped
+            done.append(launch._record(main))
+        end_call(caller, done)
+    return call
+
+
+_PREFERRED_SHARED_MEMORY_CARVEOUT = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+
+
+def with_copy_carveout(kernel: launch.Kernel, percent: int) -> launch.Kernel:
+    """``kernel`` with its transpose kernel's preferred carveout set (before any plan)."""
+    import cupy as cp
+
+    _, _, transpose = kernel._compiled(cp.cuda.runtime.getDevice())
+    cp.cuda.driver.funcSetAttribute(transpose.ptr, _PREFERRED_SHARED_MEMORY_CARVEOUT, percent)
+    return kernel
+
+
+def one(pattern: Pattern, size: int, args: argparse.Namespace) -> list[str]:
+    a, b, out, ref, _, tx, fns = row_major_core(pattern, size)
+    code = at_kernel_entry(render(tx.config), WAIT, TRIGGER)
+    variant = launch.Kernel(tx.config, code)
+    fns["tx, PDL source"] = pipelined(variant, a, b, out, False)
+    fns["tx, PDL"] = pipelined(variant, a, b, out, True)
+    # a comment makes it another module, so the shipped kernels keep their attribute
+    carved = with_copy_carveout(launch.Kernel(tx.config, KernelSource(
+        tx.config, code.code + "// copy carveout\n")), 100)
+    fns["tx, PDL source, copy carveout"] = pipelined(carved, a, b, out, False)
+    fns["tx, PDL, copy carveout"] = pipelined(carved, a, b, out, True)
+    return checked_ratios(fns, out, ref, f"{pattern.n}:{pattern.m}", args.rounds, 300)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pattern", default="4:32,8:32")
+    parser.add_argument("--size", type=int, default=4096)
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    pattern_tables(args, "Main kernel 0 by programmatic dependent launch", one)
+
+
+if __name__ == "__main__":
+    main()
