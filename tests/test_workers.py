@@ -248,6 +248,65 @@ def test_devices_worker_killed_the_other_finishes(tmp_path, shapes_file):
     assert sum(by_worker.values()) == TRIALS * len(SHAPES)
 
 
+APPENDER = """
+import sys
+from nmgen.studies import JournalFile
+journal = JournalFile(sys.argv[1])
+for i in range(int(sys.argv[3])):
+    journal.append_logs([{"writer": sys.argv[2], "i": i, "pad": "x" * 5000}])
+"""
+
+
+def test_journal_file_keeps_every_record_of_processes_writing_at_once(tmp_path):
+    """Three processes append large records at once: every record is read back whole,
+    each writer's in its order."""
+    from nmgen.studies import JournalFile
+
+    path = str(tmp_path / "journal")
+    JournalFile(path)  # made before the writers race to make it
+    writers = [subprocess.Popen([sys.executable, "-c", APPENDER, path, str(w), "300"])
+               for w in range(3)]
+    assert [w.wait(timeout=120) for w in writers] == [0, 0, 0]
+    logs = list(JournalFile(path).read_logs(0))
+    assert Counter(log["writer"] for log in logs) == {"0": 300, "1": 300, "2": 300}
+    for w in "012":
+        assert [log["i"] for log in logs if log["writer"] == w] == list(range(300))
+
+
+HOLDER = """
+import sys, time
+from nmgen.studies import JournalFlock
+lock = JournalFlock(sys.argv[1])
+lock.acquire()
+print("held", flush=True)
+time.sleep(1.5)
+lock.release()
+"""
+
+
+def test_journal_flock_makes_another_process_wait(tmp_path):
+    from nmgen.studies import JournalFlock
+
+    path = str(tmp_path / "journal")
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, path], stdout=subprocess.PIPE,
+                              text=True)
+    assert holder.stdout.readline().strip() == "held"
+    lock = JournalFlock(path)
+    start = time.monotonic()
+    lock.acquire()
+    waited = time.monotonic() - start
+    lock.release()
+    assert holder.wait(timeout=30) == 0
+    assert waited > 1.0, f"acquired after {waited:.2f} s while another process held the lock"
+
+
+def test_journal_storage_uses_the_unsynced_file_with_its_flock(tmp_path):
+    from nmgen.studies import JournalFile, JournalFlock
+
+    backend = open_storage(f"journal:{tmp_path / 'journal'}")._backend
+    assert isinstance(backend, JournalFile) and isinstance(backend._lock, JournalFlock)
+
+
 def test_default_storage_is_a_journal_beside_sqlite_and_the_server_otherwise():
     assert default_storage_url("sqlite:////x/tuned.db") == "journal:/x/tuned.db.optuna-journal"
     url = "postgresql+psycopg://nmgen@127.0.0.1:54329/nmgen"
