@@ -506,6 +506,19 @@ class KernelConfig:
         d.update(changes)
         return KernelConfig.from_dict(d)
 
+    def cp_async_twin(self) -> KernelConfig:
+        """The same tiles with cp.async copies: what a ``tma`` kernel runs on an A that
+        the bulk copy engine cannot address. Its index tables are 32-bit (the TMA path's
+        may be 16-bit), so where that passes the shared-memory limit the twin keeps fewer
+        stages."""
+        for stages in range(self.stages, 0, -1):
+            try:
+                return self.replace(tma=False, stages=stages)
+            except ConfigError:
+                if stages == 1:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover - stages >= 1
+
 
 _NAME_RE = re.compile(
     r"^nm_spmm_(?P<family>[a-z0-9]+)_n(?P<n>\d+)m(?P<m>\d+)l(?P<vec>\d+)"

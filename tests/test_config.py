@@ -74,6 +74,21 @@ def test_tma_table_is_narrowed_only_where_int32_leaves_no_room():
     assert fits.table_bytes == 4 and "unsigned short" not in nmgen.render(fits).code
 
 
+def test_cp_async_twin_keeps_fewer_stages_where_its_int32_table_does_not_fit():
+    """L = 1 at 32x256, KS 128, 3 stages fits with the TMA path's uint16 table but not with
+    the cp.async twin's int32 one (found by the random GPU test: a K-major A of odd M,
+    which the engine cannot address, raised ConfigError instead of running)."""
+    tma = KernelConfig.from_name(
+        "nm_spmm_f32_n16m64l1_ms32ns256ks128_mt4nt4_w2x16_nopack_s3_k1_km_tma_sm90")
+    with pytest.raises(ConfigError, match="shared memory"):
+        tma.replace(tma=False)
+    twin = tma.cp_async_twin()
+    assert not twin.tma and twin.stages == 2 and twin.replace(stages=2, tma=True) != tma
+    assert twin.smem_bytes <= Arch.SM90.max_smem_per_block
+    same = KernelConfig(**{**BASE, "a_layout": "km", "tma": True})
+    assert same.cp_async_twin() == same.replace(tma=False)  # fits: the same stages
+
+
 @pytest.mark.parametrize("change, rule", [
     (dict(arch="sm_80"), "TMA copies (tma) need sm_90"),
     (dict(packing=True), "TMA copies (tma) without packing"),

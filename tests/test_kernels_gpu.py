@@ -318,6 +318,20 @@ def test_tma_uint16_table_matches_reference(layout, tile, gpu_cases):
     assert (kernel._twin is not None) == (layout == "km")
 
 
+def test_tma_kernel_whose_twin_keeps_fewer_stages_matches_reference(gpu_cases):
+    """L = 1, 32x256, KS 128, 3 stages: the uint16 table fits, the cp.async twin's int32
+    one does not, so the twin keeps 2 stages (a random case once raised ConfigError on a
+    K-major A of odd M instead of running)."""
+    import cupy as cp
+
+    if cp.cuda.Device().compute_capability != "90":
+        pytest.skip("the bulk copy engine is sm_90's")
+    kernel = nmgen.Kernel(nmgen.KernelConfig.from_name(
+        "nm_spmm_f32_n16m64l1_ms32ns256ks128_mt4nt4_w2x16_nopack_s3_k1_km_tma_sm90"))
+    check_shapes(kernel, [*EDGES, (64, 1000, 300)], gpu_cases)
+    assert kernel._twin is not None and kernel._twin.config.stages == 2
+
+
 def test_copied_a_from_torch_on_a_side_stream(gpu_cases):
     torch = pytest.importorskip("torch")
     config = nmgen.KernelConfig(4, 8, 16, 64, 64, 32, 4, 4, a_tile="tx")

@@ -589,10 +589,10 @@ class Kernel:
             caller.wait_event(event)
 
     def _cp_async_twin(self) -> Kernel:
-        """The same tiles with cp.async copies: what a ``tma`` kernel runs on an A that
-        the bulk copy engine cannot address."""
+        """``KernelConfig.cp_async_twin``: what a ``tma`` kernel runs on an A that the
+        bulk copy engine cannot address."""
         if self._twin is None:
-            self._twin = Kernel(self.config.replace(tma=False))
+            self._twin = Kernel(self.config.cp_async_twin())
         return self._twin
 
     def _check_a(self, a_op: Operand, b: NMMatrix) -> tuple[int, int]:
