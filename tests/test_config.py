@@ -89,6 +89,20 @@ def test_cp_async_twin_keeps_fewer_stages_where_its_int32_table_does_not_fit():
     assert same.cp_async_twin() == same.replace(tma=False)  # fits: the same stages
 
 
+def test_every_sampled_tma_configuration_has_a_cp_async_twin():
+    rng = random.Random(3)
+    sampled = 0
+    for _ in range(1500):
+        n, m = rng.choice([(2, 4), (16, 32), (12, 32), (8, 32), (4, 32), (16, 64)])
+        config = random_config(Problem(n, m, rng.choice([1, 8, 32]), a_layout=ALayout.K_MAJOR,
+                                       arch=Arch.SM90), rng)
+        if config is not None and config.tma:
+            twin = config.cp_async_twin()
+            assert not twin.tma and twin.replace(stages=config.stages, tma=True) == config
+            sampled += 1
+    assert sampled > 100
+
+
 @pytest.mark.parametrize("change, rule", [
     (dict(arch="sm_80"), "TMA copies (tma) need sm_90"),
     (dict(packing=True), "TMA copies (tma) without packing"),
