@@ -97,6 +97,27 @@ def pattern_tables(args: argparse.Namespace, title: str, one) -> None:
         args.out.write_text("\n".join(lines) + "\n")
 
 
+def int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+def float_list(text: str) -> list[float]:
+    return [float(x) for x in text.split(",")]
+
+
+def pipeline_tool(doc: str, title: str, one, extra=None, pattern: str = "4:32,8:32") -> None:
+    """A pipeline tool's command line (--pattern, --size, --rounds, --out, and the tool's
+    own options, which ``extra(parser)`` adds), then ``pattern_tables``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--pattern", default=pattern)
+    parser.add_argument("--size", type=int, default=4096)
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--out", type=Path)
+    if extra is not None:
+        extra(parser)
+    pattern_tables(parser.parse_args(), title, one)
+
+
 def checked_ratios(fns: dict, out, ref, label: str, rounds: int,
                    queue_ahead_us: float | None = None) -> list[str]:
     """Every version in ``fns`` (name -> call(i), each writing ``out``) checked against the

@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from _ab import checked_ratios, pattern_tables, row_major_core  # noqa: E402
+from _ab import checked_ratios, int_list, pipeline_tool, row_major_core  # noqa: E402
+from copy_footprint_ab import queue_first_copy  # noqa: E402
 
 from nmgen.format import Pattern  # noqa: E402
 from nmgen.gpu import launch  # noqa: E402
@@ -60,10 +61,7 @@ def planned(tx: launch.Kernel, a, b, out, chunks: list[int], streams: int):
             plan, space, main = plans[rows], spaces[j % streams].data.ptr, mains[j % streams]
             source = a_op.ptr + 4 * starts[j] * depth
             if j == 0:
-                plan.launch_copy_a(source, space, main.ptr)
-                copy_stream.wait_event(launch._record(main))
-                with copy_stream:
-                    launch._wait_kernel()((1,), (1,), (np.uint64(launch.COPY_1_DELAY_NS),))
+                queue_first_copy(plan, source, space, main, copy_stream)
             else:
                 if j >= streams:
                     copy_stream.wait_event(done[j - streams])  # its workspace is free
@@ -89,15 +87,10 @@ def one(pattern: Pattern, size: int, args: argparse.Namespace) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pattern", default="4:32")
-    parser.add_argument("--size", type=int, default=4096)
-    parser.add_argument("--plans", required=True, type=lambda s: s.split(","))
-    parser.add_argument("--streams", default=[2, 3], type=lambda s: [int(x) for x in s.split(",")])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
-    pattern_tables(args, "Chunk plans of the pipelined copy", one)
+    def options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--plans", required=True, type=lambda s: s.split(","))
+        parser.add_argument("--streams", default=[2, 3], type=int_list)
+    pipeline_tool(__doc__, "Chunk plans of the pipelined copy", one, options, pattern='4:32')
 
 
 if __name__ == "__main__":

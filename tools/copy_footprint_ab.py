@@ -150,6 +150,15 @@ def variant_streams(main_first: bool):
             tuple(cp.cuda.Stream(non_blocking=True, priority=least) for _ in range(2)))
 
 
+def queue_first_copy(plan, source: int, space_ptr: int, main, copy_stream) -> None:
+    """Copy 0 as the launcher queues it: on main kernel 0's stream, and the copy stream
+    held COPY_1_DELAY_NS behind it on the GPU, so that main kernel 0 takes the SMs first."""
+    plan.launch_copy_a(source, space_ptr, main.ptr)
+    copy_stream.wait_event(launch._record(main))
+    with copy_stream:
+        _wait_kernel()((1,), (1,), (np.uint64(launch.COPY_1_DELAY_NS),))
+
+
 def queue_copy(j: int, plan, source: int, space_ptr: int, copy_stream, main, done: list):
     """Chunk j's copy as the launcher queues copies 1..: on the copy stream, after main
     kernel j-2 has freed its workspace; ``main`` waits for it."""

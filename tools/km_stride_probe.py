@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _ab import checked_ratios, core_pair, pattern_tables, problem_inputs  # noqa: E402
+from _ab import checked_ratios, core_pair, int_list, pipeline_tool, problem_inputs  # noqa: E402
 
 from nmgen.config import ALayout  # noqa: E402
 from nmgen.format import Pattern  # noqa: E402
@@ -49,15 +49,9 @@ def one(pattern: Pattern, size: int, args: argparse.Namespace) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pattern", default="4:32,8:32")
-    parser.add_argument("--size", type=int, default=4096)
-    parser.add_argument("--pads", default=[0, 4, 32, 256],
-                        type=lambda s: [int(x) for x in s.split(",")])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
-    pattern_tables(args, "The K-major kernel on other row strides of A", one)
+    def options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--pads", default=[0, 4, 32, 256], type=int_list)
+    pipeline_tool(__doc__, "The K-major kernel on other row strides of A", one, options)
 
 
 if __name__ == "__main__":

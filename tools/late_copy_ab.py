@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from _ab import checked_ratios, pattern_tables, row_major_core  # noqa: E402
+from _ab import checked_ratios, float_list, pipeline_tool, row_major_core  # noqa: E402
 from copy_footprint_ab import chunk_plans, end_call, queue_copy, queue_main, start_call  # noqa: E402
 
 from nmgen.format import Pattern  # noqa: E402
@@ -67,15 +67,9 @@ def one(pattern: Pattern, size: int, args: argparse.Namespace) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pattern", default="4:32,8:32")
-    parser.add_argument("--size", type=int, default=4096)
-    parser.add_argument("--delays", default=[40.0, 60.0, 70.0, 80.0],
-                        type=lambda s: [float(x) for x in s.split(",")])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
-    pattern_tables(args, "Copies held back into the previous main kernel's tail", one)
+    def options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--delays", default=[40.0, 60.0, 70.0, 80.0], type=float_list)
+    pipeline_tool(__doc__, "Copies held back into the previous main kernel's tail", one, options)
 
 
 if __name__ == "__main__":

@@ -32,9 +32,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
-from _ab import at_kernel_entry, checked_ratios, pattern_tables, row_major_core  # noqa: E402
-from copy_footprint_ab import chunk_plans, end_call, queue_copy, start_call  # noqa: E402
+from _ab import at_kernel_entry, checked_ratios, pipeline_tool, row_major_core  # noqa: E402
+from copy_footprint_ab import chunk_plans, end_call, queue_copy, queue_first_copy, start_call  # noqa: E402
 
 from nmgen.codegen import KernelSource, render  # noqa: E402
 from nmgen.format import Pattern  # noqa: E402
@@ -88,10 +87,7 @@ def pipelined(tx: launch.Kernel, a, b, out, pdl: bool):
             plan, space, main = plans[rows], spaces[j % 2].data.ptr, main_streams[j % 2]
             source = a_op.ptr + 4 * starts[j] * depth
             if j == 0:
-                plan.launch_copy_a(source, space, main.ptr)
-                copy_stream.wait_event(launch._record(main))
-                with copy_stream:
-                    launch._wait_kernel()((1,), (1,), (np.uint64(launch.COPY_1_DELAY_NS),))
+                queue_first_copy(plan, source, space, main, copy_stream)
             else:
                 queue_copy(j, plan, source, space, copy_stream, main, done)
             shipped = launch._launch
@@ -133,13 +129,7 @@ def one(pattern: Pattern, size: int, args: argparse.Namespace) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pattern", default="4:32,8:32")
-    parser.add_argument("--size", type=int, default=4096)
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
-    pattern_tables(args, "Main kernel 0 by programmatic dependent launch", one)
+    pipeline_tool(__doc__, "Main kernel 0 by programmatic dependent launch", one)
 
 
 if __name__ == "__main__":

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from _ab import checked_ratios, pattern_tables, row_major_core  # noqa: E402
-from copy_footprint_ab import chunk_plans, end_call, queue_main, start_call  # noqa: E402
+from _ab import checked_ratios, int_list, pipeline_tool, row_major_core  # noqa: E402
+from copy_footprint_ab import chunk_plans, end_call, queue_first_copy, queue_main, start_call  # noqa: E402
 
 from nmgen.format import Pattern  # noqa: E402
 from nmgen.gpu import launch  # noqa: E402
@@ -91,10 +91,7 @@ def pipelined(tx: launch.Kernel, a, b, out, blocks: int):
             plan, space, main = plans[rows], spaces[j % 2], main_streams[j % 2]
             source = a_op.ptr + 4 * starts[j] * depth
             if j == 0:  # as shipped
-                plan.launch_copy_a(source, space.data.ptr, main.ptr)
-                copy_stream.wait_event(launch._record(main))
-                with copy_stream:
-                    launch._wait_kernel()((1,), (1,), (np.uint64(launch.COPY_1_DELAY_NS),))
+                queue_first_copy(plan, source, space.data.ptr, main, copy_stream)
             else:
                 if j >= 2:
                     copy_stream.wait_event(done[j - 2])
@@ -118,15 +115,9 @@ def one(pattern: Pattern, size: int, args: argparse.Namespace) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pattern", default="4:32,8:32")
-    parser.add_argument("--size", type=int, default=4096)
-    parser.add_argument("--blocks", default=[8, 16, 32, 64],
-                        type=lambda s: [int(x) for x in s.split(",")])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
-    pattern_tables(args, "Copies 1.. in persistent blocks", one)
+    def options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--blocks", default=[8, 16, 32, 64], type=int_list)
+    pipeline_tool(__doc__, "Copies 1.. in persistent blocks", one, options)
 
 
 if __name__ == "__main__":
