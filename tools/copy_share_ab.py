@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _ab import checked_ratios, pattern_tables, row_major_core  # noqa: E402
+from _ab import checked_ratios, int_list, pipeline_tool, row_major_core  # noqa: E402
 
 from nmgen.codegen import COPY_A_THREADS  # noqa: E402
 from nmgen.format import Pattern  # noqa: E402
@@ -64,15 +64,9 @@ def one(pattern: Pattern, size: int, args: argparse.Namespace) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pattern", default="4:32,8:32")
-    parser.add_argument("--size", type=int, default=4096)
-    parser.add_argument("--smem-kb", default=[40, 48, 66],
-                        type=lambda s: [int(x) for x in s.split(",")])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
-    pattern_tables(args, "Copies sharing SMs", one)
+    def options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--smem-kb", default=[40, 48, 66], type=int_list)
+    pipeline_tool(__doc__, "Copies sharing SMs", one, options)
 
 
 if __name__ == "__main__":

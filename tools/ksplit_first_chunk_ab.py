@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
-from _ab import checked_ratios, pattern_tables, row_major_core  # noqa: E402
+from _ab import checked_ratios, float_list, pipeline_tool, row_major_core  # noqa: E402
 from copy_footprint_ab import (  # noqa: E402
     chunk_plans,
     end_call,
@@ -93,15 +93,9 @@ def one(pattern: Pattern, size: int, args: argparse.Namespace) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pattern", default="4:32,8:32")
-    parser.add_argument("--size", type=int, default=4096)
-    parser.add_argument("--delays", default=[2.0, 0.0],
-                        type=lambda s: [float(x) for x in s.split(",")])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
-    pattern_tables(args, "Chunk 0 split along K", one)
+    def options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--delays", default=[2.0, 0.0], type=float_list)
+    pipeline_tool(__doc__, "Chunk 0 split along K", one, options)
 
 
 if __name__ == "__main__":
