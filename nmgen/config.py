@@ -511,13 +511,12 @@ class KernelConfig:
         the bulk copy engine cannot address. Its index tables are 32-bit (the TMA path's
         may be 16-bit), so where that passes the shared-memory limit the twin keeps fewer
         stages."""
-        for stages in range(self.stages, 0, -1):
+        for stages in range(self.stages, 1, -1):
             try:
                 return self.replace(tma=False, stages=stages)
             except ConfigError:
-                if stages == 1:
-                    raise
-        raise AssertionError("unreachable")  # pragma: no cover - stages >= 1
+                continue
+        return self.replace(tma=False, stages=1)
 
 
 _NAME_RE = re.compile(

@@ -118,7 +118,7 @@ class JournalFlock(JournalFileOpenLock):
     a file or symlink and poll. Local file systems (the journal serves one host's
     workers)."""
 
-    def __init__(self, journal_path: str) -> None:  # noqa: D107 - no parent state needed
+    def __init__(self, journal_path: str) -> None:  # none of the parent's lock-file state
         self._path = journal_path + ".flock"
         self._fd: int | None = None
 
