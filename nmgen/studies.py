@@ -115,23 +115,33 @@ def open_storage(url: str, heartbeat_s: int = HEARTBEAT_S,
 class JournalFlock(JournalFileOpenLock):
     """The journal's lock as an advisory ``flock`` on a file beside it: the waiting worker
     sleeps in the kernel until the lock is free, where Optuna's file locks make and remove
-    a file or symlink and poll. Local file systems (the journal serves one host's
-    workers)."""
+    a file or symlink and poll. ``flock`` excludes other processes (local file systems:
+    the journal serves one host's workers); a thread lock, this process's other threads."""
 
     def __init__(self, journal_path: str) -> None:  # none of the parent's lock-file state
         self._path = journal_path + ".flock"
         self._fd: int | None = None
+        self._threads = threading.Lock()
 
     def acquire(self) -> bool:
-        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        self._threads.acquire()
+        try:
+            fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            self._threads.release()
+            raise
+        self._fd = fd
         return True
 
     def release(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+        fd, self._fd = self._fd, None
+        try:
+            if fd is not None:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+        finally:
+            self._threads.release()
 
 
 class JournalFile(JournalFileBackend):

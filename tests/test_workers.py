@@ -300,6 +300,29 @@ def test_journal_flock_makes_another_process_wait(tmp_path):
     assert waited > 1.0, f"acquired after {waited:.2f} s while another process held the lock"
 
 
+def test_journal_file_keeps_every_record_of_threads_writing_at_once(tmp_path):
+    """Threads of one process share one JournalFile (and its lock) without losing a
+    record or deadlocking."""
+    import threading
+
+    from nmgen.studies import JournalFile
+
+    journal = JournalFile(str(tmp_path / "journal"))
+
+    def write(w: int) -> None:
+        for i in range(200):
+            journal.append_logs([{"writer": w, "i": i}])
+
+    threads = [threading.Thread(target=write, args=(w,), daemon=True) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    assert not any(t.is_alive() for t in threads), "a writer is stuck"
+    logs = list(journal.read_logs(0))
+    assert Counter(log["writer"] for log in logs) == {0: 200, 1: 200, 2: 200, 3: 200}
+
+
 def test_journal_storage_uses_the_unsynced_file_with_its_flock(tmp_path):
     from nmgen.studies import JournalFile, JournalFlock
 
