@@ -40,7 +40,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -178,6 +180,45 @@ def end_call(caller, done: list) -> None:
     """The caller's stream waits for the last two main kernels (one on each main stream)."""
     for event in done[-2:]:
         caller.wait_event(event)
+
+
+@dataclass
+class Chunk:
+    """Chunk j of a pipelined call, for the variants' hooks (``variant_call``)."""
+
+    j: int
+    rows: int
+    plan: Any  # its launch plan
+    source: int  # its first row of row-major A
+    space: Any  # its K-major workspace (a CuPy array)
+    out_ptr: int  # its first row of C
+    main: Any  # its main stream
+
+
+def variant_call(tx: launch.Kernel, a, b, out, queue_chunk_copy, launch_main=None):
+    """A pipelined call on the launcher's chunks, streams and workspaces, with the copies
+    queued by ``queue_chunk_copy(chunk, copy_stream, done)`` (which makes ``chunk.main``
+    wait for the copy; ``done``: the end events of the main kernels so far) and each main
+    kernel launched as shipped, or by ``launch_main(chunk)``."""
+    a_op, depth, chunks, plans, starts = chunk_plans(tx, a, b)
+    copy_stream, main_streams = launch._pipeline_streams(a_op.device)
+    n_cols = b.shape[1]
+
+    def call(i: int) -> None:
+        caller, spaces = start_call(plans, depth, (copy_stream, *main_streams))
+        done: list = []
+        for j, rows in enumerate(chunks):
+            chunk = Chunk(j, rows, plans[rows], a_op.ptr + 4 * starts[j] * depth,
+                          spaces[j % 2], out.data.ptr + 4 * starts[j] * n_cols,
+                          main_streams[j % 2])
+            queue_chunk_copy(chunk, copy_stream, done)
+            if launch_main is not None:
+                launch_main(chunk)
+            else:
+                chunk.plan.launch(chunk.space.data.ptr, chunk.out_ptr, chunk.main.ptr)
+            done.append(launch._record(chunk.main))
+        end_call(caller, done)
+    return call
 
 
 def pipelined(tx: launch.Kernel, a, b, out, blocks: int, same_stream: bool,

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 from _ab import checked_ratios, float_list, pipeline_tool, row_major_core  # noqa: E402
-from copy_footprint_ab import chunk_plans, end_call, queue_copy, queue_main, start_call  # noqa: E402
+from copy_footprint_ab import Chunk, queue_copy, variant_call  # noqa: E402
 
 from nmgen.format import Pattern  # noqa: E402
 from nmgen.gpu import launch  # noqa: E402
@@ -35,28 +35,20 @@ from nmgen.gpu import launch  # noqa: E402
 def late(tx: launch.Kernel, a, b, out, delay_us: float):
     """The shipped pipeline with copy j queued behind main kernel j-1's readiness and a
     ``delay_us`` GPU wait on the copy stream."""
-    a_op, depth, chunks, plans, starts = chunk_plans(tx, a, b)
-    copy_stream, main_streams = launch._pipeline_streams(a_op.device)
-    n_cols = b.shape[1]
+    ready: list = []  # per call: when each main kernel may start (its copy is done)
 
-    def call(i: int) -> None:
-        caller, spaces = start_call(plans, depth, (copy_stream, *main_streams))
-        done: list = []
-        ready = None
-        for j, rows in enumerate(chunks):
-            plan, space, main = plans[rows], spaces[j % 2].data.ptr, main_streams[j % 2]
-            source = a_op.ptr + 4 * starts[j] * depth
-            if j == 0:
-                plan.launch_copy_a(source, space, main.ptr)
-            else:
-                copy_stream.wait_event(ready)
-                with copy_stream:
-                    launch._wait_kernel()((1,), (1,), (np.uint64(delay_us * 1e3),))
-                queue_copy(j, plan, source, space, copy_stream, main, done)
-            ready = launch._record(main)  # main kernel j may start: its copy is done
-            queue_main(plan, space, out.data.ptr + 4 * starts[j] * n_cols, main, done)
-        end_call(caller, done)
-    return call
+    def queue(chunk: Chunk, copy_stream, done: list) -> None:
+        if chunk.j == 0:
+            ready.clear()
+            chunk.plan.launch_copy_a(chunk.source, chunk.space.data.ptr, chunk.main.ptr)
+        else:
+            copy_stream.wait_event(ready[-1])
+            with copy_stream:
+                launch._wait_kernel()((1,), (1,), (np.uint64(delay_us * 1e3),))
+            queue_copy(chunk.j, chunk.plan, chunk.source, chunk.space.data.ptr, copy_stream,
+                       chunk.main, done)
+        ready.append(launch._record(chunk.main))
+    return variant_call(tx, a, b, out, queue)
 
 
 def one(pattern: Pattern, size: int, args: argparse.Namespace) -> list[str]:

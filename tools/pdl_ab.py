@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _ab import at_kernel_entry, checked_ratios, pipeline_tool, row_major_core  # noqa: E402
-from copy_footprint_ab import chunk_plans, end_call, queue_copy, queue_first_copy, start_call  # noqa: E402
+from copy_footprint_ab import Chunk, queue_copy, queue_first_copy, variant_call  # noqa: E402
 
 from nmgen.codegen import KernelSource, render  # noqa: E402
 from nmgen.format import Pattern  # noqa: E402
@@ -74,32 +74,30 @@ def launch_pdl(function, grid, threads, smem, params, stream_ptr) -> None:
         raise RuntimeError(f"cuLaunchKernelEx failed: CUresult {status}")
 
 
+def queue_shipped_copy(chunk: Chunk, copy_stream, done: list) -> None:
+    """Chunk j's copy as the launcher queues it."""
+    if chunk.j == 0:
+        queue_first_copy(chunk.plan, chunk.source, chunk.space.data.ptr, chunk.main,
+                         copy_stream)
+    else:
+        queue_copy(chunk.j, chunk.plan, chunk.source, chunk.space.data.ptr, copy_stream,
+                   chunk.main, done)
+
+
+def launch_main_pdl(chunk: Chunk) -> None:
+    """Main kernel 0 as a programmatic dependent launch, the others as shipped."""
+    shipped = launch._launch
+    if chunk.j == 0:
+        launch._launch = launch_pdl
+    try:
+        chunk.plan.launch(chunk.space.data.ptr, chunk.out_ptr, chunk.main.ptr)
+    finally:
+        launch._launch = shipped
+
+
 def pipelined(tx: launch.Kernel, a, b, out, pdl: bool):
     """Kernel._run_pipelined, main kernel 0 launched with PDL where ``pdl``."""
-    a_op, depth, chunks, plans, starts = chunk_plans(tx, a, b)
-    copy_stream, main_streams = launch._pipeline_streams(a_op.device)
-    n_cols = b.shape[1]
-
-    def call(i: int) -> None:
-        caller, spaces = start_call(plans, depth, (copy_stream, *main_streams))
-        done: list = []
-        for j, rows in enumerate(chunks):
-            plan, space, main = plans[rows], spaces[j % 2].data.ptr, main_streams[j % 2]
-            source = a_op.ptr + 4 * starts[j] * depth
-            if j == 0:
-                queue_first_copy(plan, source, space, main, copy_stream)
-            else:
-                queue_copy(j, plan, source, space, copy_stream, main, done)
-            shipped = launch._launch
-            if j == 0 and pdl:
-                launch._launch = launch_pdl
-            try:
-                plan.launch(space, out.data.ptr + 4 * starts[j] * n_cols, main.ptr)
-            finally:
-                launch._launch = shipped
-            done.append(launch._record(main))
-        end_call(caller, done)
-    return call
+    return variant_call(tx, a, b, out, queue_shipped_copy, launch_main_pdl if pdl else None)
 
 
 _PREFERRED_SHARED_MEMORY_CARVEOUT = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 from _ab import checked_ratios, int_list, pipeline_tool, row_major_core  # noqa: E402
-from copy_footprint_ab import chunk_plans, end_call, queue_first_copy, queue_main, start_call  # noqa: E402
+from copy_footprint_ab import Chunk, queue_first_copy, variant_call  # noqa: E402
 
 from nmgen.format import Pattern  # noqa: E402
 from nmgen.gpu import launch  # noqa: E402
@@ -80,29 +80,21 @@ def persistent_kernel():
 def pipelined(tx: launch.Kernel, a, b, out, blocks: int):
     """Kernel._run_pipelined with copies 1.. in ``blocks`` persistent blocks."""
     cp = launch._cupy()
-    a_op, depth, chunks, plans, starts = chunk_plans(tx, a, b)
-    copy_stream, main_streams = launch._pipeline_streams(a_op.device)
-    n_cols = b.shape[1]
 
-    def call(i: int) -> None:
-        caller, spaces = start_call(plans, depth, (copy_stream, *main_streams))
-        done: list = []
-        for j, rows in enumerate(chunks):
-            plan, space, main = plans[rows], spaces[j % 2], main_streams[j % 2]
-            source = a_op.ptr + 4 * starts[j] * depth
-            if j == 0:  # as shipped
-                queue_first_copy(plan, source, space.data.ptr, main, copy_stream)
-            else:
-                if j >= 2:
-                    copy_stream.wait_event(done[j - 2])
-                with copy_stream:
-                    persistent_kernel()((blocks,), (THREADS,), (
-                        cp.uint64(source), space, np.int32(rows), np.int32(depth),
-                        np.int64(depth), np.int64(plan.copy_a.ld)))
-                main.wait_event(launch._record(copy_stream))
-            queue_main(plan, space.data.ptr, out.data.ptr + 4 * starts[j] * n_cols, main, done)
-        end_call(caller, done)
-    return call
+    def queue(chunk: Chunk, copy_stream, done: list) -> None:
+        if chunk.j == 0:  # as shipped
+            queue_first_copy(chunk.plan, chunk.source, chunk.space.data.ptr, chunk.main,
+                             copy_stream)
+            return
+        if chunk.j >= 2:
+            copy_stream.wait_event(done[chunk.j - 2])  # its workspace is free
+        depth = a.shape[1]
+        with copy_stream:
+            persistent_kernel()((blocks,), (THREADS,), (
+                cp.uint64(chunk.source), chunk.space, np.int32(chunk.rows), np.int32(depth),
+                np.int64(depth), np.int64(chunk.plan.copy_a.ld)))
+        chunk.main.wait_event(launch._record(copy_stream))
+    return variant_call(tx, a, b, out, queue)
 
 
 def one(pattern: Pattern, size: int, args: argparse.Namespace) -> list[str]:
