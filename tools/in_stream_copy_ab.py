@@ -1,0 +1,87 @@
+"""Each chunk's copy on its main kernel's stream, against the shipped pipeline.
+
+tools/block_timeline.py shows (H100, 4096^3, 4:32) main kernel j (j >= 1) starting 4-5 us
+after copy j's last block ends: copy j runs on the copy stream, and main kernel j waits for
+it through an event. Replayed from a CUDA graph, where such waits are graph edges, the
+shipped pipeline reads 1.052 instead of 1.063-1.065 (tools/graph_core_ab.py). Here
+stream j % 2 runs copy j then main kernel j, so that the only waits between streams are
+copy 1's (after copy 0, plus COPY_1_DELAY_NS on the GPU, as shipped): main kernel j
+follows its copy in stream order, and copy j (j >= 2) follows main kernel j-2, which
+read the same workspace, in stream order too. Copy j still overlaps main kernel j-1,
+which runs on the other stream. Timed in turns in one process after a float64 check
+(NaN-poisoned output) of each:
+
+  km                        the K-major kernel on K-major A (the bound),
+  tx                        the shipped pipeline,
+  tx in stream              copies on the launcher's two main streams (least priority),
+  tx in stream, greatest    the same on two new streams of the greatest priority,
+  tx in stream, no delay    copy 1 right after copy 0 (no GPU wait),
+  ..., graph                the shipped pipeline and "tx in stream" replayed from graphs.
+
+    python tools/in_stream_copy_ab.py --pattern 4:32,8:32 --rounds 9
+
+Results: results/row_major_launch_h100/README.md; "tx in stream, greatest" as the
+launcher's schedule: results/row_major_launch_h100/in_stream_launcher.patch.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+from _ab import checked_ratios, pipeline_tool, row_major_core  # noqa: E402
+from copy_footprint_ab import chunk_plans, end_call, start_call, variant_streams  # noqa: E402
+from graph_core_ab import replayed  # noqa: E402
+
+from nmgen.format import Pattern  # noqa: E402
+from nmgen.gpu import launch  # noqa: E402
+from nmgen.gpu.launch import _wait_kernel  # noqa: E402
+
+
+def in_stream(tx: launch.Kernel, a, b, out, streams, delay_ns: int):
+    """A pipelined call with copy j and main kernel j on ``streams[j % 2]``."""
+    a_op, depth, chunks, plans, starts = chunk_plans(tx, a, b)
+    n_cols = b.shape[1]
+
+    def call(i: int) -> None:
+        caller, spaces = start_call(plans, depth, streams)
+        done: list = []
+        first_copy = None  # copy 0's end event
+        for j, rows in enumerate(chunks):
+            plan, space, stream = plans[rows], spaces[j % 2], streams[j % 2]
+            if j == 1:  # copy 1 after copy 0, so that main kernel 0 takes the SMs first
+                stream.wait_event(first_copy)
+                if delay_ns:
+                    _wait_kernel()((1,), (1,), (np.uint64(delay_ns),), stream=stream)
+            plan.launch_copy_a(a_op.ptr + 4 * starts[j] * depth, space.data.ptr, stream.ptr)
+            if j == 0:
+                first_copy = launch._record(stream)
+            plan.launch(space.data.ptr, out.data.ptr + 4 * starts[j] * n_cols, stream.ptr)
+            done.append(launch._record(stream))
+        end_call(caller, done)
+    return call
+
+
+def one(pattern: Pattern, size: int, args) -> list[str]:
+    a, b, out, ref, km, tx, fns = row_major_core(pattern, size)
+    tx_name = list(fns)[1]
+    main_streams = launch._pipeline_streams(a.device.id)[1]
+    greatest = variant_streams(True)[1]
+    fns["tx in stream"] = in_stream(tx, a, b, out, main_streams, launch.COPY_1_DELAY_NS)
+    fns["tx in stream, greatest"] = in_stream(tx, a, b, out, greatest, launch.COPY_1_DELAY_NS)
+    fns["tx in stream, no delay"] = in_stream(tx, a, b, out, main_streams, 0)
+    fns["tx graph"] = replayed(fns[tx_name])
+    fns["tx in stream graph"] = replayed(fns["tx in stream"])
+    return checked_ratios(fns, out, ref, f"{pattern.n}:{pattern.m}", args.rounds, 300)
+
+
+def main() -> None:
+    pipeline_tool(__doc__, "Copies on the main kernels' streams", one)
+
+
+if __name__ == "__main__":
+    main()
