@@ -84,6 +84,17 @@ def row_major_core(pattern: Pattern, size: int):
     return a, b, out, ref, km, tx, fns
 
 
+def one_copy_twin(config: KernelConfig):
+    """A kernel of ``config`` whose row-major launches copy all of A at once (the pipelined
+    copy off), with launch plans of its own beside the shipped kernel's."""
+    from nmgen.gpu.launch import Kernel
+
+    kernel = Kernel(config)
+    kernel.pipeline_copy = False
+    kernel._source_key = (kernel._source_key, "one copy")
+    return kernel
+
+
 def pattern_tables(args: argparse.Namespace, title: str, one) -> None:
     """The pipeline tools' main: ``one(pattern, size, args)`` rows for each of
     ``args.pattern``, under a header, written to ``args.out`` if given."""

@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _ab import checked_ratios, problem_inputs, row_major_core  # noqa: E402
+from _ab import checked_ratios, one_copy_twin, problem_inputs, row_major_core  # noqa: E402
 from pdl_one_copy_ab import problem, tuned_winners  # noqa: E402
 
 from nmgen.config import ALayout, KernelConfig  # noqa: E402
@@ -87,11 +87,14 @@ def with_after_main(kernel: launch.Kernel, depth: int, what: str) -> launch.Kern
     return kernel
 
 
-def variants(config: KernelConfig, depth: int, fns: dict, a, b, out, label: str = "") -> None:
-    """The empty and discarding versions of ``config``'s launch, added to ``fns``."""
+def variants(config: KernelConfig, depth: int, fns: dict, a, b, out, label: str = "",
+             pipelined: bool = True) -> None:
+    """The empty and discarding versions of ``config``'s launch (with the pipelined copy
+    on or off), added to ``fns``."""
     for what, name in (("empty_kernel", "empty"), ("discard_l2", "discard")):
         kernel = with_after_main(launch.Kernel(config), depth, what)
-        kernel._source_key = (kernel._source_key, what)  # plans of their own
+        kernel.pipeline_copy = pipelined
+        kernel._source_key = (kernel._source_key, what, pipelined)  # plans of their own
         fns[f"tx{label} + {name}"] = lambda i, k=kernel: k(a, b, out=out)
 
 
@@ -117,15 +120,9 @@ def core(text: str, args: argparse.Namespace) -> list[str]:
     pattern = Pattern.parse(text)
     a, b, out, ref, km, tx, fns = row_major_core(pattern, 4096)
     variants(tx.config, 4096, fns, a, b, out, " pipelined")
-    one_copy = launch.Kernel(tx.config)
-    one_copy.pipeline_copy = False
-    one_copy._source_key = (one_copy._source_key, "one copy")
+    one_copy = one_copy_twin(tx.config)
     fns["tx one copy"] = lambda i: one_copy(a, b, out=out)
-    for what, name in (("empty_kernel", "empty"), ("discard_l2", "discard")):
-        kernel = with_after_main(launch.Kernel(tx.config), 4096, what)
-        kernel.pipeline_copy = False
-        kernel._source_key = (kernel._source_key, what, "one copy")
-        fns[f"tx one copy + {name}"] = lambda i, k=kernel: k(a, b, out=out)
+    variants(tx.config, 4096, fns, a, b, out, " one copy", pipelined=False)
     return checked_ratios(fns, out, ref, f"{text} 4096^3", args.rounds, 300)
 
 

@@ -21,10 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _ab import checked_ratios, pipeline_tool, row_major_core  # noqa: E402
+from _ab import checked_ratios, one_copy_twin, pipeline_tool, row_major_core  # noqa: E402
 
 from nmgen.format import Pattern  # noqa: E402
-from nmgen.gpu import launch  # noqa: E402
 
 
 def replayed(fn):
@@ -43,9 +42,7 @@ def replayed(fn):
 
 def one(pattern: Pattern, size: int, args) -> list[str]:
     a, b, out, ref, km, tx, fns = row_major_core(pattern, size)
-    one_copy = launch.Kernel(tx.config)
-    one_copy.pipeline_copy = False
-    one_copy._source_key = (one_copy._source_key, "one copy")  # plans of its own
+    one_copy = one_copy_twin(tx.config)
     fns["tx one copy"] = lambda i: one_copy(a, b, out=out)
     km_name, tx_name = list(fns)[:2]
     versions = {km_name: fns[km_name], "km graph": replayed(fns[km_name]),
