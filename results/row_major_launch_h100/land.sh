@@ -2,14 +2,24 @@
 # Lands in_stream_launcher.patch in one device call: applies it to the device's copy of
 # the tree, runs the GPU tests on it, then times it (README.md beside this file, part 4):
 #
-#   bash results/row_major_launch_h100/land.sh          # run carries .whl; writes to $OUT
+#   bash results/row_major_launch_h100/land.sh [STEP ...]   # run carries .whl; writes to $OUT
 #
-# $OUT receives gpu_tests.txt and gpu_attestation.json (the record to commit once the
-# same patch is applied here), in_stream_run3.md and in_stream_run4.md (two processes of
-# tools/in_stream_copy_ab.py), pipeline_before.md (every tuned problem the launcher
-# pipelines, new schedule beside the old) and, if time is left, in_stream_pdl_run1.md
-# (tools/in_stream_pdl_ab.py, not run before). steps.txt says how long each step took;
-# a step is skipped where less time is left than it usually needs.
+# Steps, in this order by default (name some to run only those, e.g. two calls when one
+# cannot hold them all):
+#   gpu_tests        gpu_tests.txt and gpu_attestation.json (the record to commit once
+#                    the same patch is applied here)
+#   in_stream3/4     in_stream_run3.md, in_stream_run4.md: two processes of
+#                    tools/in_stream_copy_ab.py
+#   pipeline_before  pipeline_before.md: every tuned problem the launcher pipelines, the
+#                    new schedule beside the old
+#   coresident       coresident_run1.md: main kernels capped at 112 registers so that a
+#                    128-thread block of the register transpose (34 registers, 40
+#                    allocated) fits beside two main blocks (at the cap of 120 tried in
+#                    session 25, with the shared-memory transpose of then, it no longer
+#                    would), in the pipeline (tools/chunked_tx_ab.py --caps)
+#   in_stream_pdl    in_stream_pdl_run1.md (tools/in_stream_pdl_ab.py, not run before)
+# steps.txt says how long each took; a step is skipped where less of the call's LIMIT_S
+# (590 s) is left than it needs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:?set by the device tool}
@@ -41,15 +51,26 @@ gpu_tests() {
     return $rc
 }
 
-in_stream() {
+in_stream() {  # in_stream RUN
     python3 tools/in_stream_copy_ab.py --pattern 4:32,8:32,16:32,12:32 --rounds 9 \
         --out "$out/in_stream_run$1.md" > "$out/in_stream_run$1.txt" 2>&1
 }
 
-step gpu_tests 240 gpu_tests
-step in_stream_run3 60 in_stream 3
-step in_stream_run4 60 in_stream 4
-step pipeline_before 150 python3 tools/pipeline_ab.py --shapes shapes/llama.txt \
-    --db sqlite:///tuned_db/tuned.sqlite --before --out "$out/pipeline_before.md"
-step in_stream_pdl 45 python3 tools/in_stream_pdl_ab.py --pattern 4:32,8:32 --rounds 9 \
-    --out "$out/in_stream_pdl_run1.md"
+run() {  # run STEP: one step by name, with the seconds it needs at the least
+    case $1 in
+        gpu_tests) step gpu_tests 240 gpu_tests ;;
+        in_stream3) step in_stream3 60 in_stream 3 ;;
+        in_stream4) step in_stream4 60 in_stream 4 ;;
+        pipeline_before) step pipeline_before 150 python3 tools/pipeline_ab.py \
+            --shapes shapes/llama.txt --db sqlite:///tuned_db/tuned.sqlite --before \
+            --out "$out/pipeline_before.md" ;;
+        coresident) step coresident 60 python3 tools/chunked_tx_ab.py --pattern 4:32,8:32 \
+            --caps 112 --carveout --rounds 9 --out "$out/coresident_run1.md" ;;
+        in_stream_pdl) step in_stream_pdl 45 python3 tools/in_stream_pdl_ab.py \
+            --pattern 4:32,8:32 --rounds 9 --out "$out/in_stream_pdl_run1.md" ;;
+        *) echo "unknown step $1" | tee -a "$out/steps.txt" ;;
+    esac
+}
+
+(( $# )) || set -- gpu_tests in_stream3 in_stream4 pipeline_before coresident in_stream_pdl
+for name in "$@"; do run "$name"; done
