@@ -12,11 +12,6 @@
 #                    tools/in_stream_copy_ab.py
 #   pipeline_before  pipeline_before.md: every tuned problem the launcher pipelines, the
 #                    new schedule beside the old
-#   coresident       coresident_run1.md: main kernels capped at 112 registers so that a
-#                    128-thread block of the register transpose (34 registers, 40
-#                    allocated) fits beside two main blocks (at the cap of 120 tried in
-#                    session 25, with the shared-memory transpose of then, it no longer
-#                    would), in the pipeline (tools/chunked_tx_ab.py --caps)
 #   in_stream_pdl    in_stream_pdl_run1.md (tools/in_stream_pdl_ab.py, not run before)
 # steps.txt says how long each took; a step is skipped where less of the call's LIMIT_S
 # (590 s) is left than it needs.
@@ -64,13 +59,11 @@ run() {  # run STEP: one step by name, with the seconds it needs at the least
         pipeline_before) step pipeline_before 150 python3 tools/pipeline_ab.py \
             --shapes shapes/llama.txt --db sqlite:///tuned_db/tuned.sqlite --before \
             --out "$out/pipeline_before.md" ;;
-        coresident) step coresident 60 python3 tools/chunked_tx_ab.py --pattern 4:32,8:32 \
-            --caps 112 --carveout --rounds 9 --out "$out/coresident_run1.md" ;;
         in_stream_pdl) step in_stream_pdl 45 python3 tools/in_stream_pdl_ab.py \
             --pattern 4:32,8:32 --rounds 9 --out "$out/in_stream_pdl_run1.md" ;;
         *) echo "unknown step $1" | tee -a "$out/steps.txt" ;;
     esac
 }
 
-(( $# )) || set -- gpu_tests in_stream3 in_stream4 pipeline_before coresident in_stream_pdl
+(( $# )) || set -- gpu_tests in_stream3 in_stream4 pipeline_before in_stream_pdl
 for name in "$@"; do run "$name"; done
