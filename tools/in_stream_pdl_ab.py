@@ -10,18 +10,17 @@ turns in one process after a float64 check (NaN-poisoned output) of each:
 
   km                          the K-major kernel on K-major A (the bound),
   tx                          the launcher,
-  tx in stream                copies in stream on two streams of the greatest priority,
   tx in stream, PDL source    the main kernels' source with the wait at their top (and,
                               with --trigger, the copies' ``launch_dependents`` at theirs),
-                              launched as before (the lines are no-ops without PDL),
+                              launched in stream without PDL (the lines are no-ops
+                              then): the baseline of the two lines below,
   tx in stream, PDL           that source, every main kernel launched with PDL,
   tx in stream, PDL graph     that call captured into a CUDA graph and replayed.
 
     python tools/in_stream_pdl_ab.py --pattern 4:32,8:32 --rounds 9 [--trigger]
 
-Written before the launcher took this order (results/row_major_launch_h100/
-in_stream_launcher.patch); with that patch applied, "tx" and "tx in stream" are the same
-schedule. Not yet run on a GPU.
+With results/row_major_launch_h100/in_stream_launcher.patch applied (as land.sh there
+runs it), "tx" is this order too. Not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -53,7 +52,6 @@ def one(pattern: Pattern, size: int, args: argparse.Namespace) -> list[str]:
     source = launch.Kernel(tx.config, code)
     # a comment makes it another module, whose plans are patched apart from the source's
     pdl = with_pdl_main(launch.Kernel(tx.config, KernelSource(tx.config, code.code + "// pdl\n")))
-    fns["tx in stream"] = in_stream(tx, a, b, out, streams, delay)
     fns["tx in stream, PDL source"] = in_stream(source, a, b, out, streams, delay)
     fns["tx in stream, PDL"] = in_stream(pdl, a, b, out, streams, delay)
     fns["tx in stream, PDL graph"] = replayed(fns["tx in stream, PDL"])

@@ -21,6 +21,7 @@ out=${OUT:?set by the device tool}
 limit=${LIMIT_S:-590}
 start=$SECONDS
 
+ls .whl/*.whl >/dev/null 2>&1 || { echo "no .whl/: run with carry [\".whl\"]"; exit 1; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
     --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD
