@@ -138,10 +138,6 @@ class KernelConfig:
         return self.ms * self.ns if self.slice_k > 1 else 0
 
     @property
-    def warps_m(self) -> int:
-        return self.ms // (self.mt * self.warp_m)
-
-    @property
     def warps_n(self) -> int:
         return self.ns // (self.nt * self.warp_n)
 

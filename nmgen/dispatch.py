@@ -49,7 +49,6 @@ class Dispatcher:
         self._decisions: dict[ProblemKey, Decision] = {}
         self._fast: dict[tuple, tuple[Kernel, str]] = {}
         self._kernels: dict[str, Kernel] = {}
-        self._families: dict[tuple, list[dict]] = {}
         self._warned: set[tuple] = set()
         self._lock = threading.Lock()
         self._count_lock = threading.Lock()

@@ -27,9 +27,11 @@ timed in turns in one process, each checked against float64 first:
   tx same event, copy|main first  main kernel 0 and copy 1 waiting for one event, the
                           stream priorities deciding.
 
-Since the twenty-seventh session the launcher ("tx") runs "tx first in stream, copy 1 2 us
+From the twenty-seventh session the launcher ("tx") ran "tx first in stream, copy 1 2 us
 later": with the transpose through registers, copies in the slots a main kernel leaves
-keep pace at 4:32 too.
+keep pace at 4:32 too. Since the twenty-ninth it runs each chunk's copy and main kernel on
+one of two streams of the greatest priority (tools/in_stream_copy_ab.py); the variants
+here queue theirs on the streams of before (``streams_before_29``).
 
     python tools/copy_footprint_ab.py --pattern 16:32,12:32,8:32,4:32 --delays 2 --rounds 9
 
@@ -152,6 +154,21 @@ def variant_streams(main_first: bool):
             tuple(cp.cuda.Stream(non_blocking=True, priority=least) for _ in range(2)))
 
 
+_STREAMS_BEFORE_29: dict[int, tuple] = {}
+
+
+def streams_before_29(device: int):
+    """(copy stream, two main streams) of ``device`` as the launcher made them until the
+    twenty-ninth session (copies at the greatest priority, main kernels at the least),
+    made once; the variants of these tools queue their copies on them. Since then the
+    launcher runs each chunk's copy and main kernel on one of two streams of the greatest
+    priority (``launch._pipeline_streams``)."""
+    if device not in _STREAMS_BEFORE_29:
+        with launch._cupy().cuda.Device(device):
+            _STREAMS_BEFORE_29[device] = variant_streams(False)
+    return _STREAMS_BEFORE_29[device]
+
+
 def queue_first_copy(plan, source: int, space_ptr: int, main, copy_stream) -> None:
     """Copy 0 as the launcher queues it: on main kernel 0's stream, and the copy stream
     held COPY_1_DELAY_NS behind it on the GPU, so that main kernel 0 takes the SMs first."""
@@ -201,7 +218,7 @@ def variant_call(tx: launch.Kernel, a, b, out, queue_chunk_copy, launch_main=Non
     wait for the copy; ``done``: the end events of the main kernels so far) and each main
     kernel launched as shipped, or by ``launch_main(chunk)``."""
     a_op, depth, chunks, plans, starts = chunk_plans(tx, a, b)
-    copy_stream, main_streams = launch._pipeline_streams(a_op.device)
+    copy_stream, main_streams = streams_before_29(a_op.device)
     n_cols = b.shape[1]
 
     def call(i: int) -> None:
@@ -235,7 +252,7 @@ def pipelined(tx: launch.Kernel, a, b, out, blocks: int, same_stream: bool,
     cp = launch._cupy()
     a_op, depth, chunks, plans, _ = chunk_plans(tx, a, b)
     copy_stream, main_streams = (variant_streams(main_first) if main_first or fresh
-                                 else launch._pipeline_streams(a_op.device))
+                                 else streams_before_29(a_op.device))
     persistent = persistent_kernel()
     n_cols = b.shape[1]
 
@@ -275,7 +292,7 @@ def two_copies_first(tx: launch.Kernel, a, b, out):
     copy 1 takes every SM before main kernel 0 anyway (tools/pipeline_timeline.py); this
     order keeps that and trades two cross-stream waits (~4 us each) for in-stream ones."""
     a_op, depth, chunks, plans, starts = chunk_plans(tx, a, b)
-    copy_stream, main_streams = launch._pipeline_streams(a_op.device)
+    copy_stream, main_streams = streams_before_29(a_op.device)
     n_cols = b.shape[1]
 
     def call(i: int) -> None:

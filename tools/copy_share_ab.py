@@ -29,14 +29,15 @@ MAX_DYNAMIC_SMEM_ATTRIBUTE = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTE
 
 
 def with_copy_smem(call, smem: int):
-    """``call`` with the launcher's copies on the copy stream (copies 1..) asking for
-    ``smem`` bytes of dynamic shared memory."""
+    """``call`` with the launcher's copies after the first of a call (copies 1..) asking
+    for ``smem`` bytes of dynamic shared memory."""
     cp = launch._cupy()
     original = launch.LaunchPlan.launch_copy_a
+    copies = [0]  # this call's copies so far
 
     def launch_copy_a(self, a_ptr: int, copy_ptr: int, stream_ptr: int) -> None:
-        copy_stream, _ = launch._pipeline_streams(cp.cuda.Device().id)
-        if stream_ptr != copy_stream.ptr:
+        copies[0] += 1
+        if copies[0] == 1:
             return original(self, a_ptr, copy_ptr, stream_ptr)
         copy = self.copy_a
         cp.cuda.driver.funcSetAttribute(copy.function.ptr, MAX_DYNAMIC_SMEM_ATTRIBUTE, smem)
@@ -47,6 +48,7 @@ def with_copy_smem(call, smem: int):
                            stream_ptr)
 
     def patched(i: int) -> None:
+        copies[0] = 0
         launch.LaunchPlan.launch_copy_a = launch_copy_a
         try:
             call(i)

@@ -1,27 +1,30 @@
-"""Each chunk's copy on its main kernel's stream, against the shipped pipeline.
+"""Each chunk's copy on its main kernel's stream, against the pipeline of before.
 
 tools/block_timeline.py shows (H100, 4096^3, 4:32) main kernel j (j >= 1) starting 4-5 us
-after copy j's last block ends: copy j runs on the copy stream, and main kernel j waits for
-it through an event. Replayed from a CUDA graph, where such waits are graph edges, the
-shipped pipeline reads 1.052 instead of 1.063-1.065 (tools/graph_core_ab.py). Here
-stream j % 2 runs copy j then main kernel j, so that the only waits between streams are
-copy 1's (after copy 0, plus COPY_1_DELAY_NS on the GPU, as shipped): main kernel j
-follows its copy in stream order, and copy j (j >= 2) follows main kernel j-2, which
-read the same workspace, in stream order too. Copy j still overlaps main kernel j-1,
-which runs on the other stream. Timed in turns in one process after a float64 check
+after copy j's last block ends, in the pipeline shipped until the twenty-ninth session:
+copy j ran on a copy stream of the greatest priority, and main kernel j, on one of two
+main streams of the least, waited for it through an event. Replayed from a CUDA graph,
+where such waits are graph edges, that pipeline reads 1.052 instead of 1.063-1.065
+(tools/graph_core_ab.py). Here stream j % 2 runs copy j then main kernel j, so that the
+only wait between streams is copy 1's (after copy 0, plus COPY_1_DELAY_NS on the GPU):
+main kernel j follows its copy in stream order, and copy j (j >= 2) follows main kernel
+j-2, which read the same workspace, in stream order too. Copy j still overlaps main
+kernel j-1, on the other stream. Timed in turns in one process after a float64 check
 (NaN-poisoned output) of each:
 
   km                        the K-major kernel on K-major A (the bound),
-  tx                        the shipped pipeline,
-  tx in stream              copies on the launcher's two main streams (least priority),
-  tx in stream, greatest    the same on two new streams of the greatest priority,
-  tx in stream, no delay    copy 1 right after copy 0 (no GPU wait),
-  ..., graph                the shipped pipeline and "tx in stream" replayed from graphs.
+  tx                        the launcher (since the twenty-ninth session: "in stream,
+                            greatest"),
+  tx before                 the pipeline shipped until then,
+  tx in stream, least       copies and main kernels on two streams of the least priority,
+  tx in stream, no delay    the launcher's order and streams without the GPU wait before
+                            copy 1,
+  ..., graph                "tx" and "tx before" replayed from CUDA graphs.
 
     python tools/in_stream_copy_ab.py --pattern 4:32,8:32 --rounds 9
 
-Results: results/row_major_launch_h100/README.md; "tx in stream, greatest" as the
-launcher's schedule: results/row_major_launch_h100/in_stream_launcher.patch.
+The first runs, in the twenty-ninth session, timed the launcher of before as "tx" and
+this order as "tx in stream, greatest" (results/row_major_launch_h100/).
 """
 
 from __future__ import annotations
@@ -34,8 +37,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 from _ab import checked_ratios, pipeline_tool, row_major_core  # noqa: E402
-from copy_footprint_ab import chunk_plans, end_call, start_call, variant_streams  # noqa: E402
+from copy_footprint_ab import (  # noqa: E402
+    chunk_plans,
+    end_call,
+    start_call,
+    variant_call,
+    variant_streams,
+)
 from graph_core_ab import replayed  # noqa: E402
+from pdl_ab import queue_shipped_copy  # noqa: E402
 
 from nmgen.format import Pattern  # noqa: E402
 from nmgen.gpu import launch  # noqa: E402
@@ -69,13 +79,13 @@ def in_stream(tx: launch.Kernel, a, b, out, streams, delay_ns: int):
 def one(pattern: Pattern, size: int, args) -> list[str]:
     a, b, out, ref, km, tx, fns = row_major_core(pattern, size)
     tx_name = list(fns)[1]
-    main_streams = launch._pipeline_streams(a.device.id)[1]
-    greatest = variant_streams(True)[1]
-    fns["tx in stream"] = in_stream(tx, a, b, out, main_streams, launch.COPY_1_DELAY_NS)
-    fns["tx in stream, greatest"] = in_stream(tx, a, b, out, greatest, launch.COPY_1_DELAY_NS)
-    fns["tx in stream, no delay"] = in_stream(tx, a, b, out, main_streams, 0)
+    least = variant_streams(False)[1]
+    fns["tx before"] = variant_call(tx, a, b, out, queue_shipped_copy)
+    fns["tx in stream, least"] = in_stream(tx, a, b, out, least, launch.COPY_1_DELAY_NS)
+    fns["tx in stream, no delay"] = in_stream(tx, a, b, out,
+                                              launch._pipeline_streams(a.device.id), 0)
     fns["tx graph"] = replayed(fns[tx_name])
-    fns["tx in stream graph"] = replayed(fns["tx in stream"])
+    fns["tx before graph"] = replayed(fns["tx before"])
     return checked_ratios(fns, out, ref, f"{pattern.n}:{pattern.m}", args.rounds, 300)
 
 

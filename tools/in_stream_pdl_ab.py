@@ -19,8 +19,8 @@ turns in one process after a float64 check (NaN-poisoned output) of each:
 
     python tools/in_stream_pdl_ab.py --pattern 4:32,8:32 --rounds 9 [--trigger]
 
-With results/row_major_launch_h100/in_stream_launcher.patch applied (as land.sh there
-runs it), "tx" is this order too. Not yet run on a GPU.
+Since the thirty-first session "tx" is this order too (results/row_major_launch_h100/,
+part 5: 1.049 at 4:32 from a graph, 1.055-1.056 launched as usual).
 """
 
 from __future__ import annotations

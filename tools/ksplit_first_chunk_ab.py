@@ -29,6 +29,7 @@ from copy_footprint_ab import (  # noqa: E402
     queue_copy,
     queue_main,
     start_call,
+    streams_before_29,
 )
 
 from nmgen.codegen import render_text  # noqa: E402
@@ -58,7 +59,7 @@ def ksplit_pipeline(tx: launch.Kernel, a, b, out, delay_us: float):
     rows0, half = chunks[0], depth // 2
     plan_top = tx._cached_plan(top, a_op, rows0, depth)
     plan_bottom = adder._cached_plan(bottom, a_op, rows0, depth)
-    copy_stream, main_streams = launch._pipeline_streams(a_op.device)
+    copy_stream, main_streams = streams_before_29(a_op.device)
     n_cols = b.shape[1]
 
     def call(i: int) -> None:

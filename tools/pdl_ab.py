@@ -75,7 +75,7 @@ def launch_pdl(function, grid, threads, smem, params, stream_ptr) -> None:
 
 
 def queue_shipped_copy(chunk: Chunk, copy_stream, done: list) -> None:
-    """Chunk j's copy as the launcher queues it."""
+    """Chunk j's copy as the launcher queued it until the twenty-ninth session."""
     if chunk.j == 0:
         queue_first_copy(chunk.plan, chunk.source, chunk.space.data.ptr, chunk.main,
                          copy_stream)

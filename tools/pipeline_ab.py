@@ -6,7 +6,9 @@ chunk), times the winner in turns in one process two ways, each checked against 
 first (NaN-poisoned output):
 
   pipelined   the shipped launch: chunk j's copy overlaps chunk j-1's main kernel,
-  one copy    ``Kernel.pipeline_copy = False``: one copy of all of A, then the main kernel.
+  one copy    ``Kernel.pipeline_copy = False``: one copy of all of A, then the main kernel,
+  before      (--before) the pipeline shipped until the twenty-ninth session (copies on a
+              copy stream of their own, each main kernel waiting for its copy's event).
 
     python tools/pipeline_ab.py --shapes shapes/llama.txt --pattern 16:32,12:32,8:32,4:32 \\
         --db sqlite:///tuned_db/tuned.sqlite --out results/chunked_tx_h100/pipeline_ab.md
@@ -19,6 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from nmgen.config import ALayout  # noqa: E402
 from nmgen.copy_plan import PIPELINE_MIN_CHUNKS, PIPELINE_MIN_ROWS  # noqa: E402
@@ -34,7 +37,7 @@ from nmgen.shapes import read_shapes  # noqa: E402
 RTOL = 1e-5
 
 
-def one(config, shape, rounds: int) -> dict | None:
+def one(config, shape, rounds: int, before: bool = False) -> dict | None:
     """The row of one problem, or None where its launch is not pipelined."""
     cp = _cupy()
     rows, cols, depth = shape
@@ -48,6 +51,11 @@ def one(config, shape, rounds: int) -> dict | None:
     out = cp.full((rows, cols), cp.nan, cp.float32)
     ref = a.astype(cp.float64) @ dense_float64(b)
     fns = {"pipelined": lambda i: piped(a, b, out=out), "one copy": lambda i: single(a, b, out=out)}
+    if before:
+        from copy_footprint_ab import variant_call
+        from pdl_ab import queue_shipped_copy
+
+        fns["before"] = variant_call(piped, a, b, out, queue_shipped_copy)
     for name, fn in fns.items():
         err = measure.poisoned_error(lambda fn=fn: fn(0), out, ref)
         if not err < RTOL:
@@ -55,7 +63,7 @@ def one(config, shape, rounds: int) -> dict | None:
     del ref
     ms = time_in_turns(fns, rounds=rounds, repeat=10)
     return {"chunks": "+".join(map(str, chunks)) if len(set(chunks)) > 1 else
-            f"{len(chunks)}x{chunks[0]}", "pipelined": ms["pipelined"], "one copy": ms["one copy"]}
+            f"{len(chunks)}x{chunks[0]}", **ms}
 
 
 def main() -> None:
@@ -65,6 +73,8 @@ def main() -> None:
     parser.add_argument("--vec", type=int, default=32)
     parser.add_argument("--db", action="append", required=True)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--before", action="store_true",
+                        help="also the pipeline shipped until the twenty-ninth session")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     dispatcher = Dispatcher(args.db)
@@ -80,22 +90,26 @@ def main() -> None:
     if errors:
         raise RuntimeError("\n".join(errors))
     table, ratios = [], {}
+    against = ["one copy", "before"] if args.before else ["one copy"]
     for text, shape, config in problems:
-        row = one(config, shape, args.rounds)
+        row = one(config, shape, args.rounds, args.before)
         if row is None:
             continue
-        ratio = row["pipelined"] / row["one copy"]
-        ratios.setdefault(text, []).append(ratio)
-        table.append([text, "x".join(map(str, shape)), row["chunks"], f"{row['pipelined']:.4f}",
-                      f"{row['one copy']:.4f}", f"{ratio:.3f}", config.name])
+        for name in against:
+            ratios.setdefault((text, name), []).append(row["pipelined"] / row[name])
+        table.append([text, "x".join(map(str, shape)), row["chunks"],
+                      *(f"{row[name]:.4f}" for name in ["pipelined", *against]),
+                      *(f"{row['pipelined'] / row[name]:.3f}" for name in against), config.name])
         print(" | ".join(table[-1]), flush=True)
-    summary = [[text, str(len(r)), f"{geomean(r):.3f}",
-                f"{min(r):.3f}", f"{max(r):.3f}"] for text, r in ratios.items()]
+    summary = [[text, name, str(len(r)), f"{geomean(r):.3f}", f"{min(r):.3f}", f"{max(r):.3f}"]
+               for (text, name), r in ratios.items()]
     lines = [f"# Pipelined copy against one copy ({device_info().name})", "",
-             "pipelined / one-copy time of each tuned `tx` winner the launcher pipelines:", "",
-             markdown_table(["pattern", "problems", "geomean", "min", "max"], summary), "",
-             markdown_table(["pattern", "M x N x K", "chunks", "pipelined ms", "one copy ms",
-                             "ratio", "kernel"], table)]
+             "pipelined time of each tuned `tx` winner the launcher pipelines, over the other"
+             " versions':", "",
+             markdown_table(["pattern", "over", "problems", "geomean", "min", "max"], summary),
+             "", markdown_table(["pattern", "M x N x K", "chunks", "pipelined ms",
+                                 *(f"{name} ms" for name in against),
+                                 *(f"over {name}" for name in against), "kernel"], table)]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -28,7 +28,8 @@ from nmgen.gpu import launch  # noqa: E402
 
 def stream_sets(shifts: int) -> list[tuple]:
     """(copy, (main 0, main 1)) made after 0, 1, ... ``shifts - 1`` other streams each,
-    with the priorities of launch._pipeline_streams; the other streams are kept."""
+    with the priorities of the launcher's streams until the twenty-ninth session (copies at
+    the greatest, main kernels at the least); the other streams are kept."""
     cp = launch._cupy()
     least, greatest = launch._priority_range()
     kept, sets = [], []
