@@ -31,6 +31,10 @@ kernel 0, which would end the programmatic launch; it waits for the call's start
                   copy 0: what the persistent copy costs by itself.
 
     python tools/flag_copy_ab.py --pattern 4:32,8:32 --copy-blocks 1,2,3 --copy1-delays 4,8,12
+
+``--probe CALLS`` also times, on the GPU (%globaltimer), copy 0's span and main kernel
+0's first block start and first block past its wait, in each of CALLS calls of each
+flags version. Results: results/flag_copy_h100/ (slower than the launcher; not shipped).
 """
 
 from __future__ import annotations
@@ -58,6 +62,14 @@ FLAGS = r"""
 // flag_copy_ab: copy tiles done a row of 64x64 tiles, and main blocks past the wait.
 __device__ unsigned flag_rows_done[1024];
 __device__ unsigned flag_rows_passed[1024];
+// --probe: copy's first start, copy's last end, main kernel 0's first block start, its
+// first block past the wait (%globaltimer ns)
+__device__ unsigned long long flag_times[4];
+__device__ __forceinline__ unsigned long long flag_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
 """
 
 # At the main kernel's top: wait for this block's rows, then let the last block of a row
@@ -67,6 +79,7 @@ WAIT = r"""{
         const int row_end = min((blockIdx.y * MS + MS - 1) / COPY_ROWS, (M - 1) / COPY_ROWS) + 1;
         const unsigned need = (K + COPY_ROWS - 1) / COPY_ROWS;
         if (threadIdx.x == 0) {
+            atomicMin(flag_times + 2, flag_now());
             for (int r = row_first; r < row_end; ++r) {
                 unsigned done, spins = 0;
                 while (true) {
@@ -80,6 +93,7 @@ WAIT = r"""{
             for (int r = row_first; r < row_end; ++r)
                 if (atomicAdd(flag_rows_passed + r, 1u) == gridDim.x * gridDim.z - 1)
                     flag_rows_done[r] = 0, flag_rows_passed[r] = 0;
+            atomicMin(flag_times + 3, flag_now());
         }
         __syncthreads();
         asm volatile("fence.proxy.async.global;" ::: "memory");
@@ -96,6 +110,7 @@ LOOP_TAIL = r"""
     __syncthreads();
     if (threadIdx.x == 0) atomicAdd(flag_rows_done + tile_m, 1u);
     }
+    if (threadIdx.x == 0) atomicMax(flag_times + 1, flag_now());
 }
 """
 
@@ -112,7 +127,8 @@ def flag_source(source: KernelSource, tag: str) -> KernelSource:
     inner = code[loop:end].replace("blockIdx.x * COPY_TILE", "tile_k * COPY_TILE")
     inner = inner.replace("blockIdx.y * COPY_TILE", "tile_m * COPY_TILE")
     assert "blockIdx" not in inner
-    copy = (f"    {TRIGGER}\n" + code[body:loop] + LOOP_HEAD + inner + LOOP_TAIL)
+    copy = (f"    {TRIGGER}\n    if (threadIdx.x == 0) atomicMin(flag_times, flag_now());\n"
+            + code[body:loop] + LOOP_HEAD + inner + LOOP_TAIL)
     code = code[:body] + copy + code[end + len("\n}\n"):]
     main = re.search(rf"\n{name}\(", code).end()
     main_body = code.index(") {\n", main) + len(") {\n")
@@ -130,7 +146,9 @@ def flagged(tx: launch.Kernel, a, b, out, streams, blocks_per_sm: int, delay_ns:
     source = flag_source(render(tx.config), f"{blocks_per_sm} {delay_ns} {pdl}")
     # the copy prefers all shared memory, so that an SM need not be emptied of copy blocks
     # to change its carveout before a main block joins them
-    flag = with_copy_carveout(launch.Kernel(tx.config, source), 100)
+    flag = launch.Kernel(tx.config, source)
+    times = flag_times(flag)
+    flag = with_copy_carveout(flag, 100)
     if pdl:
         flag = with_pdl_main(flag)
     a_op, depth, chunks, plans, starts = chunk_plans(tx, a, b)
@@ -151,7 +169,38 @@ def flagged(tx: launch.Kernel, a, b, out, streams, blocks_per_sm: int, delay_ns:
             plan.launch(space.data.ptr, out.data.ptr + 4 * starts[j] * n_cols, stream.ptr)
         for stream in streams:
             caller.wait_event(launch._record(stream))
+
+    def probe() -> list[float]:
+        """us from copy 0's first block start to its last block end, to main kernel 0's
+        first block start, and to its first block past the wait, in one call."""
+        cp = launch._cupy()
+        cp.cuda.Device().synchronize()
+        times[:] = cp.asarray(np.array([2**64 - 1, 0, 2**64 - 1, 2**64 - 1], np.uint64))
+        _wait_kernel()((1,), (1,), (np.uint64(100_000),))  # the host's launches queue first
+        call(0)
+        cp.cuda.Device().synchronize()
+        t = times.get().astype(np.int64)
+        return [(t[i] - t[0]) / 1000 for i in (1, 2, 3)]
+
+    call.probe = probe
     return call
+
+
+def flag_times(kernel: launch.Kernel):
+    """``flag_times`` of the module ``kernel`` launches from (captured as it compiles)."""
+    cp = launch._cupy()
+    made, original = [], cp.RawModule
+
+    def capture(*args, **kwargs):
+        made.append(original(*args, **kwargs))
+        return made[-1]
+
+    cp.RawModule = capture
+    try:
+        kernel._compiled(cp.cuda.runtime.getDevice())
+    finally:
+        cp.RawModule = original
+    return cp.ndarray((4,), cp.uint64, memptr=made[-1].get_global("flag_times"))
 
 
 def repeatedly_right(fns: dict, out, ref, checks: int) -> None:
@@ -174,6 +223,13 @@ def one(pattern: Pattern, size: int, args: argparse.Namespace) -> list[str]:
                 fns[f"flags {blocks} {delay}, no PDL"] = flagged(
                     tx, a, b, out, streams, blocks, 1000 * delay, pdl=False)
     repeatedly_right(fns, out, ref, args.checks)
+    for name, fn in fns.items():
+        if args.probe and hasattr(fn, "probe"):
+            runs = np.array([fn.probe() for _ in range(args.probe)])
+            copy_end, main_start, main_pass = np.median(runs, axis=0)
+            print(f"{name}: copy 0 {copy_end:.1f} us; main kernel 0's first block starts at "
+                  f"{main_start:.1f} us, the first past its wait at {main_pass:.1f} us "
+                  f"(medians of {args.probe} calls)", flush=True)
     return checked_ratios(fns, out, ref, f"{pattern.n}:{pattern.m}", args.rounds, 300)
 
 
@@ -183,6 +239,8 @@ def main() -> None:
         parser.add_argument("--copy1-delays", default="4,8,12",
                             help="us from the call's start to copy 1")
         parser.add_argument("--checks", type=int, default=20)
+        parser.add_argument("--probe", type=int, default=0, metavar="CALLS",
+                            help="time copy 0 and main kernel 0's start on the GPU")
         parser.add_argument("--no-pdl", action="store_true",
                             help="also each version with main kernel 0 after all of copy 0")
     pipeline_tool(__doc__, "Main kernel 0 on copy 0's finished rows", one, options)
