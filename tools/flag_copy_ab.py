@@ -25,8 +25,9 @@ kernel 0, which would end the programmatic launch; it waits for the call's start
 
   km              the K-major kernel (the bound),
   tx              the launcher,
-  flags P D       chunk 0 as above, P copy blocks a multiprocessor, copy 1 D us after
-                  the start,
+  flags P D F     chunk 0 as above, P copy blocks a multiprocessor (0: a block a tile,
+                  as shipped), copy 1 D us after the start, the copy's writes fenced
+                  by F (``FENCES``),
   ..., no PDL     (--no-pdl) the same with main kernel 0 launched as usual, after all of
                   copy 0: what the persistent copy costs by itself.
 
@@ -106,16 +107,25 @@ LOOP_HEAD = r"""    const int tiles_k = (K + COPY_TILE - 1) / COPY_TILE;
     const int tile_k = t % tiles_k, tile_m = t / tiles_k;
 """
 LOOP_TAIL = r"""
-    __threadfence();
+    FENCE_EACH
     __syncthreads();
-    if (threadIdx.x == 0) atomicAdd(flag_rows_done + tile_m, 1u);
+    if (threadIdx.x == 0) {
+        FENCE_ONE
+        atomicAdd(flag_rows_done + tile_m, 1u);
+    }
     }
     if (threadIdx.x == 0) atomicMax(flag_times + 1, flag_now());
 }
 """
 
 
-def flag_source(source: KernelSource, tag: str) -> KernelSource:
+# Where the copy's writes are fenced before a tile is counted: by every thread, or (by
+# cumulativity, as cooperative groups' grid sync does) by the counting thread alone after
+# the barrier, so that the other warps go on to the next tile.
+FENCES = {"each": ("__threadfence();", ""), "one": ("", "__threadfence();")}
+
+
+def flag_source(source: KernelSource, tag: str, fence: str = "each") -> KernelSource:
     """``source`` with the persistent, counting transpose and the waiting main kernel;
     ``tag``, in a comment, makes it a module (and launch plans) of its own."""
     code, name = source.code, re.escape(source.name)
@@ -127,8 +137,10 @@ def flag_source(source: KernelSource, tag: str) -> KernelSource:
     inner = code[loop:end].replace("blockIdx.x * COPY_TILE", "tile_k * COPY_TILE")
     inner = inner.replace("blockIdx.y * COPY_TILE", "tile_m * COPY_TILE")
     assert "blockIdx" not in inner
+    each, one = FENCES[fence]
+    tail = LOOP_TAIL.replace("FENCE_EACH", each).replace("FENCE_ONE", one)
     copy = (f"    {TRIGGER}\n    if (threadIdx.x == 0) atomicMin(flag_times, flag_now());\n"
-            + code[body:loop] + LOOP_HEAD + inner + LOOP_TAIL)
+            + code[body:loop] + LOOP_HEAD + inner + tail)
     code = code[:body] + copy + code[end + len("\n}\n"):]
     main = re.search(rf"\n{name}\(", code).end()
     main_body = code.index(") {\n", main) + len(") {\n")
@@ -140,10 +152,10 @@ def flag_source(source: KernelSource, tag: str) -> KernelSource:
 
 
 def flagged(tx: launch.Kernel, a, b, out, streams, blocks_per_sm: int, delay_ns: int,
-            pdl: bool = True):
+            pdl: bool = True, fence: str = "each"):
     """A pipelined call whose chunk 0 runs from ``flag_source``; without ``pdl`` main
     kernel 0 follows the whole copy in stream order (the counters are full then)."""
-    source = flag_source(render(tx.config), f"{blocks_per_sm} {delay_ns} {pdl}")
+    source = flag_source(render(tx.config), f"{blocks_per_sm} {delay_ns} {pdl} {fence}", fence)
     # the copy prefers all shared memory, so that an SM need not be emptied of copy blocks
     # to change its carveout before a main block joins them
     flag = launch.Kernel(tx.config, source)
@@ -155,7 +167,9 @@ def flagged(tx: launch.Kernel, a, b, out, streams, blocks_per_sm: int, delay_ns:
     first = flag._cached_plan(b, a_op, chunks[0], depth)
     copy = first.copy_a
     sms = launch.device_info().sms
-    first.copy_a = CopyA(copy.function, (sms * blocks_per_sm, 1, 1), copy.ld, copy.args)
+    tiles = copy.grid[0] * copy.grid[1]  # P = 0: a block a tile, as shipped
+    blocks = sms * blocks_per_sm if blocks_per_sm else tiles
+    first.copy_a = CopyA(copy.function, (blocks, 1, 1), copy.ld, copy.args)
     n_cols = b.shape[1]
 
     def call(i: int) -> None:
@@ -217,8 +231,9 @@ def one(pattern: Pattern, size: int, args: argparse.Namespace) -> list[str]:
     streams = launch._pipeline_streams(a.device.id)
     for blocks in int_list(args.copy_blocks):
         for delay in int_list(args.copy1_delays):
-            fns[f"flags {blocks} {delay}"] = flagged(tx, a, b, out, streams, blocks,
-                                                     1000 * delay)
+            for fence in args.fences.split(","):
+                fns[f"flags {blocks} {delay} {fence}"] = flagged(
+                    tx, a, b, out, streams, blocks, 1000 * delay, fence=fence)
             if args.no_pdl:
                 fns[f"flags {blocks} {delay}, no PDL"] = flagged(
                     tx, a, b, out, streams, blocks, 1000 * delay, pdl=False)
@@ -239,6 +254,7 @@ def main() -> None:
         parser.add_argument("--copy1-delays", default="4,8,12",
                             help="us from the call's start to copy 1")
         parser.add_argument("--checks", type=int, default=20)
+        parser.add_argument("--fences", default="each", help="each,one (FENCES)")
         parser.add_argument("--probe", type=int, default=0, metavar="CALLS",
                             help="time copy 0 and main kernel 0's start on the GPU")
         parser.add_argument("--no-pdl", action="store_true",

@@ -45,8 +45,12 @@ _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREA
 
 
 class LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, then a 64-byte union
+    # The union as ints: a c_char array field reads back as a copy (bytes), so writing
+    # through it never reached the structure, and until the thirty-first session every
+    # "PDL" launch of these tools went out with the attribute 0, as an ordinary launch
+    # (tools/pdl_probe.py found it).
     _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4),
-                ("value", ctypes.c_char * 64)]
+                ("value", ctypes.c_int * 16)]
 
 
 class LaunchConfig(ctypes.Structure):  # CUlaunchConfig
@@ -65,7 +69,7 @@ def _launch_ex():
 def launch_pdl(function, grid, threads, smem, params, stream_ptr) -> None:
     """``launch._launch`` as a programmatic dependent launch on ``stream_ptr``."""
     attr = LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
-    ctypes.memmove(attr.value, ctypes.byref(ctypes.c_int(1)), 4)
+    attr.value[0] = 1  # programmaticStreamSerializationAllowed
     config = LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(threads, 1, 1), smem,
                           ctypes.c_void_p(stream_ptr), ctypes.pointer(attr), 1)
     status = _launch_ex()(ctypes.byref(config), ctypes.c_void_p(function.ptr),
