@@ -206,6 +206,13 @@ class KernelConfig:
         return self.a_layout is ALayout.ROW_MAJOR and self.a_tile is ATile.K_MAJOR_COPY
 
     @property
+    def waits_for_copy(self) -> bool:
+        """The main kernel is a programmatic dependent launch of A's copy (sm_90 and later):
+        it starts as the copy's blocks finish and waits for the copy's writes at its top
+        (``griddepcontrol.wait``); 1.0-1.6 us a call (results/row_major_launch_h100/)."""
+        return self.a_copied and self.arch.number >= 90
+
+    @property
     def kernel_a_layout(self) -> ALayout:
         """The layout the main kernel reads A in."""
         return ALayout.K_MAJOR if self.a_copied else self.a_layout

@@ -34,6 +34,9 @@ def test_renders_120_sampled_configurations():
         assert f"{config.name}(" in code
         assert ("_reduce(" in code) == (config.split_k > 1)
         assert ("_transpose(" in code) == config.a_copied
+        # sm_90's main kernel after A's copy waits for it (a programmatic dependent launch)
+        assert ("griddepcontrol.wait" in code) == (config.a_copied
+                                                   and config.arch.number >= 90)
         assert "{{" not in code and "{%" not in code
 
 
@@ -61,8 +64,11 @@ def test_copied_a_runs_the_k_major_kernel_after_a_transpose():
     code, k_code = nmgen.render(copied).code, nmgen.render(k_major).code
     assert nmgen.render(copied).entry_points == (copied.name, f"{copied.name}_transpose")
     main, transpose = code.split("// Row-major A (M x K, lda) copied K-major")
-    # The main kernel is the K-major one, line for line, but for its name and header.
+    # The main kernel is the K-major one, line for line, but for its name and header and,
+    # on sm_90, its wait for the copy at its top.
     body = main[main.index("namespace {"):].replace(copied.name, k_major.name)
+    assert copied.arch.number >= 90 and body.count("    WAIT_FOR_COPY();\n") == 1
+    body = body.replace("    WAIT_FOR_COPY();\n", "")
     assert body.rstrip() == k_code[k_code.index("namespace {"):].rstrip()
     assert f"{copied.name}_transpose(const float* __restrict__ A" in transpose
     # Its block size and tile come from codegen, which the launcher reads too.
@@ -130,3 +136,21 @@ def test_kernel_source_belongs_to_its_configuration_and_is_read_only():
         Kernel(config, nmgen.render(other))
     with pytest.raises(AttributeError):
         Kernel(config).source = nmgen.render(other)
+
+
+def test_the_launch_after_a_copy_reaches_the_driver_as_programmatic():
+    """The launch attribute as ``cuLaunchKernelEx`` reads it: CUlaunchConfig of 56 bytes,
+    CUlaunchAttribute of 72 whose union (at 8) holds programmaticStreamSerializationAllowed
+    = 1. (A c_char union read back as a copy once left it 0, unnoticed, in the tools.)"""
+    import ctypes
+
+    from nmgen.gpu.launch import _AfterCopyLaunch, _LaunchAttribute, _LaunchConfig
+
+    launch = _AfterCopyLaunch((3, 2, 1), 256, 1024)
+    raw = bytes(launch.attribute)
+    assert ctypes.sizeof(_LaunchAttribute) == 72 and ctypes.sizeof(_LaunchConfig) == 56
+    assert int.from_bytes(raw[:4], "little") == 6  # ..._PROGRAMMATIC_STREAM_SERIALIZATION
+    assert int.from_bytes(raw[8:12], "little") == 1
+    assert list(launch.config.grid) == [3, 2, 1] and list(launch.config.block) == [256, 1, 1]
+    assert launch.config.smem == 1024 and launch.config.count == 1
+    assert ctypes.addressof(launch.config.attrs.contents) == ctypes.addressof(launch.attribute)

@@ -19,6 +19,11 @@ pipeline. Versions, timed in turns in one process after a float64 check:
                    takes main blocks without changing its L1/shared split.
 
     python tools/pdl_ab.py --pattern 16:32,12:32,8:32,4:32 --rounds 9
+
+Since the thirty-first session the launcher itself launches a ``tx`` main kernel on sm_90
+as a programmatic dependent launch of its copy (``KernelConfig.waits_for_copy``), so "tx"
+is that launch and the PDL lines read as it (results/pdl_launch_h100/); the "PDL" of the
+runs before that session was an ordinary launch (results/row_major_launch_h100/, part 6).
 """
 
 from __future__ import annotations

@@ -156,6 +156,52 @@ def _launch(function: Any, grid: tuple[int, int, int], threads: int, smem: int,
                                      ctypes.addressof(params), 0)
 
 
+class _LaunchAttribute(ctypes.Structure):
+    """CUlaunchAttribute: an id, then a 64-byte union, held as ints so that an element
+    set by index lands in the structure (a ``c_char`` array field reads back as a copy)."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_int), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig."""
+
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("smem", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("count", ctypes.c_uint)]
+
+
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+@functools.cache
+def _launch_kernel_ex() -> Any:
+    function = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+    function.restype = ctypes.c_int
+    return function
+
+
+class _AfterCopyLaunch:
+    """A main kernel's launch as a programmatic dependent launch of the kernel before it in
+    the stream (A's copy, ``KernelConfig.waits_for_copy``): it may start as the copy's
+    blocks finish, and waits for the copy's writes at its top. A kernel launched so after
+    another kind of work in the stream starts as usual."""
+
+    def __init__(self, grid: tuple[int, int, int], threads: int, smem: int) -> None:
+        self.attribute = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+        self.attribute.value[0] = 1  # programmaticStreamSerializationAllowed
+        self.config = _LaunchConfig((ctypes.c_uint * 3)(*grid),
+                                    (ctypes.c_uint * 3)(threads, 1, 1), smem, None,
+                                    ctypes.pointer(self.attribute), 1)
+
+    def __call__(self, function: Any, params: ctypes.Array, stream_ptr: int) -> None:
+        self.config.stream = stream_ptr
+        status = _launch_kernel_ex()(ctypes.byref(self.config), ctypes.c_void_p(function.ptr),
+                                     ctypes.c_void_p(ctypes.addressof(params)), None)
+        if status:
+            raise RuntimeError(f"cuLaunchKernelEx of an nmgen kernel failed: CUresult {status}")
+
+
 @dataclass
 class CopyA:
     """The transpose kernel of a ``tx`` configuration: row-major A (M×K) to a K-major
@@ -212,8 +258,10 @@ class LaunchPlan:
     def __init__(self, main: Any, reduce: Any, grid: tuple[int, int, int], threads: int,
                  smem: int, args: list[ctypes._SimpleCData], c_vec4_ok: bool,
                  reduce_grid: int, copy_a: CopyA | None = None, stream_k: bool = False,
-                 tma_a: TmaA | None = None):
+                 tma_a: TmaA | None = None, after_copy: bool = False):
         self.main, self.reduce, self.copy_a = main, reduce, copy_a
+        # KernelConfig.waits_for_copy: the main kernel as a programmatic dependent launch
+        self.after_copy = _AfterCopyLaunch(grid, threads, smem) if after_copy else None
         self.grid, self.threads, self.smem = grid, threads, smem
         # A, B', POS, ROWS, C, the scalars up to c_vec4 (_C_VEC4); stream-K adds the
         # partial-sum workspace, the flags and the tile counts; TMA the tensor maps of A
@@ -244,7 +292,10 @@ class LaunchPlan:
                 self.tma_a.point_at(a_ptr)
             if self.stream_k:
                 self.args[_C_VEC4 + 1].value, self.args[_C_VEC4 + 2].value = scratch
-            _launch(self.main, self.grid, self.threads, self.smem, self.params, stream_ptr)
+            if self.after_copy is not None:
+                self.after_copy(self.main, self.params, stream_ptr)
+            else:
+                _launch(self.main, self.grid, self.threads, self.smem, self.params, stream_ptr)
 
     def launch_copy_a(self, a_ptr: int, copy_ptr: int, stream_ptr: int) -> None:
         copy = self.copy_a
@@ -474,7 +525,7 @@ class Kernel:
             tma_a = TmaA(map_a, m_rows, k_dim, lda, (c.ms, c.ks))
         plan = LaunchPlan(main, reduce, grid, c.threads, c.smem_bytes, args, n_cols % 4 == 0,
                           max(1, min(-(-m_rows * n_cols // 256), sms * 16)), copy_a,
-                          c.stream_k, tma_a)
+                          c.stream_k, tma_a, c.waits_for_copy)
         if copy_a is not None and reduce is None and not c.stream_k:
             plan.chunk_rows = int(copy_chunk_rows(k_dim, c.ms, grid[0],
                                                   sms * _resident_blocks(main, c)))
@@ -506,14 +557,15 @@ class Kernel:
         capturing = _capturing(stream_ptr)
         with handle if handle is not None else cp.cuda.get_current_stream():
             a_ptr = a_op.ptr
-            if plan.copy_a is not None:
-                a_copy, a_ptr = _scratch(plan, a_op, capturing, b.shape[0] * plan.copy_a.ld)
-                plan.launch_copy_a(a_op.ptr, a_ptr, stream_ptr)
             if plan.stream_k:  # a partial-sum slot and a flag a block; flags start at 0
-                blocks = plan.grid[0]
+                blocks = plan.grid[0]  # (zeroed before the copy, which the kernel follows)
                 partials, partials_ptr = _scratch(plan, a_op, capturing,
                                                   blocks * self.config.ms * self.config.ns)
                 flags, flags_ptr = _scratch(plan, a_op, capturing, blocks, np.int32, True)
+            if plan.copy_a is not None:
+                a_copy, a_ptr = _scratch(plan, a_op, capturing, b.shape[0] * plan.copy_a.ld)
+                plan.launch_copy_a(a_op.ptr, a_ptr, stream_ptr)
+            if plan.stream_k:
                 plan.launch(a_ptr, c_op.ptr, stream_ptr, (partials_ptr, flags_ptr))
                 return out
             if plan.reduce is None:
