@@ -60,6 +60,25 @@ def at_kernel_entry(source: KernelSource, main: str = "", transpose: str = "",
     return KernelSource(source.config, code[:first] + preamble + code[first:])
 
 
+def compiled_module(kernel):
+    """The CuPy module ``kernel`` launches from, captured as it compiles (for the
+    ``__device__`` globals of a probe: ``module.get_global(name)``)."""
+    import cupy as cp
+
+    made, original = [], cp.RawModule
+
+    def capture(*args, **kwargs):
+        made.append(original(*args, **kwargs))
+        return made[-1]
+
+    cp.RawModule = capture
+    try:
+        kernel._compiled(cp.cuda.runtime.getDevice())
+    finally:
+        cp.RawModule = original
+    return made[-1]
+
+
 def core_pair(pattern: Pattern):
     """(K-major kernel, row-major tx kernel) of the core configuration of ``pattern``, L = 32,
     on this GPU."""

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from _ab import at_kernel_entry, checked_ratios, problem_inputs  # noqa: E402
+from _ab import at_kernel_entry, checked_ratios, compiled_module, problem_inputs  # noqa: E402
 
 from nmgen.codegen import KernelSource, render  # noqa: E402
 from nmgen.config import ALayout  # noqa: E402
@@ -98,19 +98,7 @@ class Recorder:
     def __init__(self, kernel) -> None:
         import cupy as cp
 
-        made = []
-        original = cp.RawModule
-
-        def capture(*args, **kwargs):
-            made.append(original(*args, **kwargs))
-            return made[-1]
-
-        cp.RawModule = capture
-        try:
-            kernel._compiled(cp.cuda.runtime.getDevice())
-        finally:
-            cp.RawModule = original
-        module = made[-1]
+        module = compiled_module(kernel)
         self.buffer = cp.ndarray((4 * RECORDS,), cp.uint64,
                                  memptr=module.get_global("nmgen_probe"))
         self.count = cp.ndarray((1,), cp.uint32, memptr=module.get_global("nmgen_probe_count"))

@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from _ab import checked_ratios, int_list, pipeline_tool, row_major_core  # noqa: E402
+from _ab import checked_ratios, compiled_module, int_list, pipeline_tool, row_major_core  # noqa: E402
 from copy_footprint_ab import chunk_plans, start_call  # noqa: E402
 from pdl_ab import TRIGGER, with_copy_carveout  # noqa: E402
 from pdl_one_copy_ab import with_pdl_main  # noqa: E402
@@ -201,20 +201,9 @@ def flagged(tx: launch.Kernel, a, b, out, streams, blocks_per_sm: int, delay_ns:
 
 
 def flag_times(kernel: launch.Kernel):
-    """``flag_times`` of the module ``kernel`` launches from (captured as it compiles)."""
+    """``flag_times`` of the module ``kernel`` launches from."""
     cp = launch._cupy()
-    made, original = [], cp.RawModule
-
-    def capture(*args, **kwargs):
-        made.append(original(*args, **kwargs))
-        return made[-1]
-
-    cp.RawModule = capture
-    try:
-        kernel._compiled(cp.cuda.runtime.getDevice())
-    finally:
-        cp.RawModule = original
-    return cp.ndarray((4,), cp.uint64, memptr=made[-1].get_global("flag_times"))
+    return cp.ndarray((4,), cp.uint64, memptr=compiled_module(kernel).get_global("flag_times"))
 
 
 def repeatedly_right(fns: dict, out, ref, checks: int) -> None:

@@ -29,8 +29,6 @@ runs before that session was an ordinary launch (results/row_major_launch_h100/,
 from __future__ import annotations
 
 import argparse
-import ctypes
-import functools
 import sys
 from pathlib import Path
 
@@ -46,41 +44,14 @@ from nmgen.gpu import launch  # noqa: E402
 
 WAIT = 'asm volatile("griddepcontrol.wait;" ::: "memory");  // PDL: copy 0 done'
 TRIGGER = 'asm volatile("griddepcontrol.launch_dependents;");  // PDL: main kernel 0 may start'
-_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-
-
-class LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, then a 64-byte union
-    # The union as ints: a c_char array field reads back as a copy (bytes), so writing
-    # through it never reached the structure, and until the thirty-first session every
-    # "PDL" launch of these tools went out with the attribute 0, as an ordinary launch
-    # (tools/pdl_probe.py found it).
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4),
-                ("value", ctypes.c_int * 16)]
-
-
-class LaunchConfig(ctypes.Structure):  # CUlaunchConfig
-    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
-                ("smem", ctypes.c_uint), ("stream", ctypes.c_void_p),
-                ("attrs", ctypes.POINTER(LaunchAttribute)), ("count", ctypes.c_uint)]
-
-
-@functools.cache
-def _launch_ex():
-    fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
-    fn.restype = ctypes.c_int
-    return fn
 
 
 def launch_pdl(function, grid, threads, smem, params, stream_ptr) -> None:
-    """``launch._launch`` as a programmatic dependent launch on ``stream_ptr``."""
-    attr = LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
-    attr.value[0] = 1  # programmaticStreamSerializationAllowed
-    config = LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(threads, 1, 1), smem,
-                          ctypes.c_void_p(stream_ptr), ctypes.pointer(attr), 1)
-    status = _launch_ex()(ctypes.byref(config), ctypes.c_void_p(function.ptr),
-                          ctypes.c_void_p(ctypes.addressof(params)), None)
-    if status:
-        raise RuntimeError(f"cuLaunchKernelEx failed: CUresult {status}")
+    """``launch._launch`` as a programmatic dependent launch on ``stream_ptr`` (the
+    launcher's own ``_AfterCopyLaunch``). Until the thirty-first session this tool packed
+    the attribute itself, in a ``c_char`` union that ctypes reads back as a copy, so its
+    "PDL" went out as an ordinary launch (results/row_major_launch_h100/, part 6)."""
+    launch._AfterCopyLaunch(grid, threads, smem)(function, params, stream_ptr)
 
 
 def queue_shipped_copy(chunk: Chunk, copy_stream, done: list) -> None:

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from pdl_ab import LaunchAttribute, LaunchConfig, _launch_ex, launch_pdl  # noqa: E402
+from pdl_ab import launch_pdl  # noqa: E402
 
 from nmgen.gpu import launch  # noqa: E402
 
@@ -61,16 +61,18 @@ _COOPERATIVE = 2  # CU_LAUNCH_ATTRIBUTE_COOPERATIVE
 
 def launch_ex(function, grid: int, threads: int, params, stream_ptr: int,
               attribute: int | None = None) -> int:
-    """cuLaunchKernelEx with no attribute or one set to 1; its CUresult."""
+    """cuLaunchKernelEx, packed as the launcher packs it, with no attribute or one set to
+    1; its CUresult."""
     attrs, count = None, 0
     if attribute is not None:
-        attr = LaunchAttribute(id=attribute)
+        attr = launch._LaunchAttribute(id=attribute)
         attr.value[0] = 1
         attrs, count = ctypes.pointer(attr), 1
-    config = LaunchConfig((ctypes.c_uint * 3)(grid, 1, 1), (ctypes.c_uint * 3)(threads, 1, 1),
-                          0, ctypes.c_void_p(stream_ptr), attrs, count)
-    return _launch_ex()(ctypes.byref(config), ctypes.c_void_p(function.ptr),
-                        ctypes.c_void_p(ctypes.addressof(params)), None)
+    config = launch._LaunchConfig((ctypes.c_uint * 3)(grid, 1, 1),
+                                  (ctypes.c_uint * 3)(threads, 1, 1), 0,
+                                  ctypes.c_void_p(stream_ptr), attrs, count)
+    return launch._launch_kernel_ex()(ctypes.byref(config), ctypes.c_void_p(function.ptr),
+                                      ctypes.c_void_p(ctypes.addressof(params)), None)
 
 
 def attributes_read(module, stream) -> str:
