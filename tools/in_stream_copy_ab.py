@@ -19,6 +19,10 @@ kernel j-1, on the other stream. Timed in turns in one process after a float64 c
   tx in stream, least       copies and main kernels on two streams of the least priority,
   tx in stream, no delay    the launcher's order and streams without the GPU wait before
                             copy 1,
+  tx, copy 1 D us after the start  (--start-delays D,...) copy 1 waits D us from the
+                            call's start instead of copy 0's end: no event recorded
+                            between copy 0 and main kernel 0, which may keep main kernel
+                            0's programmatic launch (sm_90, KernelConfig.waits_for_copy),
   ..., graph                "tx" and "tx before" replayed from CUDA graphs.
 
     python tools/in_stream_copy_ab.py --pattern 4:32,8:32 --rounds 9
@@ -36,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from _ab import checked_ratios, pipeline_tool, row_major_core  # noqa: E402
+from _ab import checked_ratios, int_list, pipeline_tool, row_major_core  # noqa: E402
 from copy_footprint_ab import (  # noqa: E402
     chunk_plans,
     end_call,
@@ -52,8 +56,11 @@ from nmgen.gpu import launch  # noqa: E402
 from nmgen.gpu.launch import _wait_kernel  # noqa: E402
 
 
-def in_stream(tx: launch.Kernel, a, b, out, streams, delay_ns: int):
-    """A pipelined call with copy j and main kernel j on ``streams[j % 2]``."""
+def in_stream(tx: launch.Kernel, a, b, out, streams, delay_ns: int,
+              after_copy_0: bool = True):
+    """A pipelined call with copy j and main kernel j on ``streams[j % 2]``; copy 1 waits
+    ``delay_ns`` on the GPU after copy 0's end, or (not ``after_copy_0``) after the
+    call's start."""
     a_op, depth, chunks, plans, starts = chunk_plans(tx, a, b)
     n_cols = b.shape[1]
 
@@ -64,11 +71,12 @@ def in_stream(tx: launch.Kernel, a, b, out, streams, delay_ns: int):
         for j, rows in enumerate(chunks):
             plan, space, stream = plans[rows], spaces[j % 2], streams[j % 2]
             if j == 1:  # copy 1 after copy 0, so that main kernel 0 takes the SMs first
-                stream.wait_event(first_copy)
+                if after_copy_0:
+                    stream.wait_event(first_copy)
                 if delay_ns:
                     _wait_kernel()((1,), (1,), (np.uint64(delay_ns),), stream=stream)
             plan.launch_copy_a(a_op.ptr + 4 * starts[j] * depth, space.data.ptr, stream.ptr)
-            if j == 0:
+            if j == 0 and after_copy_0:
                 first_copy = launch._record(stream)
             plan.launch(space.data.ptr, out.data.ptr + 4 * starts[j] * n_cols, stream.ptr)
             done.append(launch._record(stream))
@@ -84,13 +92,19 @@ def one(pattern: Pattern, size: int, args) -> list[str]:
     fns["tx in stream, least"] = in_stream(tx, a, b, out, least, launch.COPY_1_DELAY_NS)
     fns["tx in stream, no delay"] = in_stream(tx, a, b, out,
                                               launch._pipeline_streams(a.device.id), 0)
+    for delay in int_list(args.start_delays) if args.start_delays else []:
+        fns[f"tx, copy 1 {delay} us after the start"] = in_stream(
+            tx, a, b, out, launch._pipeline_streams(a.device.id), 1000 * delay, False)
     fns["tx graph"] = replayed(fns[tx_name])
     fns["tx before graph"] = replayed(fns["tx before"])
     return checked_ratios(fns, out, ref, f"{pattern.n}:{pattern.m}", args.rounds, 300)
 
 
 def main() -> None:
-    pipeline_tool(__doc__, "Copies on the main kernels' streams", one)
+    def options(parser) -> None:
+        parser.add_argument("--start-delays", default="", metavar="US,...",
+                            help="also copy 1 these us after the call's start")
+    pipeline_tool(__doc__, "Copies on the main kernels' streams", one, options)
 
 
 if __name__ == "__main__":

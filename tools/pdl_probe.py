@@ -11,7 +11,8 @@ attribute (``pdl_ab.launch_pdl``) or as usual, notes its first block's start. Bo
   after wait          its first block past ``griddepcontrol.wait``.
 
 Run on streams of the default and of the greatest priority, since the launcher's
-pipeline streams have the greatest.
+pipeline streams have the greatest; and with an event recorded between the two launches,
+as the launcher records copy 0's end (for copy 1) before main kernel 0.
 
     python tools/pdl_probe.py --calls 9
 """
@@ -89,7 +90,7 @@ def attributes_read(module, stream) -> str:
 
 
 def one_call(module, times, stream, spin_ns: int, trigger: bool, pdl: bool,
-             primary_ex: bool = False) -> np.ndarray:
+             primary_ex: bool = False, event_between: bool = False) -> np.ndarray:
     """(primary end, secondary start, secondary past its wait) in us from the primary's
     start, in one call."""
     cp = launch._cupy()
@@ -104,6 +105,8 @@ def one_call(module, times, stream, spin_ns: int, trigger: bool, pdl: bool,
         assert launch_ex(primary.kernel, sms, 128, params, stream.ptr) == 0
     else:
         primary((sms,), (128,), (np.uint64(spin_ns), np.int32(trigger)), stream=stream)
+    if event_between:  # as the launcher records copy 0's end before main kernel 0
+        launch._record(stream)
     secondary = module.get_function("secondary")
     if pdl:
         launch_pdl(secondary.kernel, (sms, 1, 1), 128, 0, (ctypes.c_void_p * 1)(), stream.ptr)
@@ -127,22 +130,22 @@ def main() -> None:
     print("| stream priority | primary triggers | secondary launch | primary end us "
           "| secondary start us | after wait us |")
     print("| --- | --- | --- | --- | --- | --- |")
+    def row(label: str, stream, trigger: bool, pdl: bool, **how) -> None:
+        runs = np.array([one_call(module, times, stream, int(1000 * args.spin_us), trigger,
+                                  pdl, **how) for _ in range(args.calls)])
+        end, start, past = np.median(runs, axis=0)
+        print(f"| {label} | {'yes' if trigger else 'no'} | {'PDL' if pdl else 'as usual'} "
+              f"| {end:.1f} | {start:.1f} | {past:.1f} |", flush=True)
+
     for label, priority in (("default", 0), ("greatest", greatest)):
         stream = cp.cuda.Stream(non_blocking=True, priority=priority)
         for trigger in (True, False):
             for pdl in (True, False):
-                runs = np.array([one_call(module, times, stream, int(1000 * args.spin_us),
-                                          trigger, pdl) for _ in range(args.calls)])
-                end, start, past = np.median(runs, axis=0)
-                print(f"| {label} | {'yes' if trigger else 'no'} | "
-                      f"{'PDL' if pdl else 'as usual'} | {end:.1f} | {start:.1f} | {past:.1f} |",
-                      flush=True)
+                row(label, stream, trigger, pdl)
     stream = cp.cuda.Stream(non_blocking=True)
-    runs = np.array([one_call(module, times, stream, int(1000 * args.spin_us), True, True, True)
-                     for _ in range(args.calls)])
-    end, start, past = np.median(runs, axis=0)
-    print(f"| default, primary by cuLaunchKernelEx | yes | PDL | {end:.1f} | {start:.1f} "
-          f"| {past:.1f} |")
+    row("default, primary by cuLaunchKernelEx", stream, True, True, primary_ex=True)
+    for trigger in (True, False):
+        row("default, an event recorded between", stream, trigger, True, event_between=True)
     print(f"\n{attributes_read(module, stream)}")
 
 
