@@ -23,10 +23,7 @@ Since the thirty-first session "tx" is this order too (results/row_major_launch_
 part 5). With PDL really on (part 6, in_stream_pdl_run2*.md): 1.054 at 4:32 against tx's
 1.057-1.058 then, 1.050-1.051 from a graph.
 
-Since the thirty-first session the launcher itself launches a ``tx`` main kernel on sm_90
-as a programmatic dependent launch of its copy (``KernelConfig.waits_for_copy``), so "tx"
-is that launch and the PDL lines read as it (results/pdl_launch_h100/); the "PDL" of the
-runs before that session was an ordinary launch (results/row_major_launch_h100/, part 6).
+"tx" itself is a programmatic launch since the thirty-first session (pdl_ab.py says more).
 """
 
 from __future__ import annotations

@@ -20,10 +20,7 @@ With --capture, each PDL version is also captured into a CUDA graph, replayed an
 
     python tools/pdl_one_copy_ab.py --problems 4:32x256x2048x2048,8:32x256x2048x5632 --rounds 9
 
-Since the thirty-first session the launcher itself launches a ``tx`` main kernel on sm_90
-as a programmatic dependent launch of its copy (``KernelConfig.waits_for_copy``), so "tx"
-is that launch and the PDL lines read as it (results/pdl_launch_h100/); the "PDL" of the
-runs before that session was an ordinary launch (results/row_major_launch_h100/, part 6).
+"tx" itself is a programmatic launch since the thirty-first session (pdl_ab.py says more).
 """
 
 from __future__ import annotations
