@@ -50,7 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 from _ab import checked_ratios, compiled_module, int_list, pipeline_tool, row_major_core  # noqa: E402
-from copy_footprint_ab import chunk_plans, start_call  # noqa: E402
+from copy_footprint_ab import chunk_plans  # noqa: E402
+from in_stream_copy_ab import in_stream  # noqa: E402
 from pdl_ab import TRIGGER, with_copy_carveout  # noqa: E402
 from pdl_one_copy_ab import with_pdl_main  # noqa: E402
 
@@ -142,6 +143,9 @@ def flag_source(source: KernelSource, tag: str, fence: str = "each") -> KernelSo
     copy = (f"    {TRIGGER}\n    if (threadIdx.x == 0) atomicMin(flag_times, flag_now());\n"
             + code[body:loop] + LOOP_HEAD + inner + tail)
     code = code[:body] + copy + code[end + len("\n}\n"):]
+    # the template's own wait (KernelConfig.waits_for_copy) would hold every main block
+    # until all of the copy is done: the counters take its place
+    code = code.replace("    WAIT_FOR_COPY();\n", "")
     main = re.search(rf"\n{name}\(", code).end()
     main_body = code.index(") {\n", main) + len(") {\n")
     wait = WAIT.replace("MS", str(source.config.ms)).replace("COPY_ROWS", str(COPY_A_TILE))
@@ -163,26 +167,15 @@ def flagged(tx: launch.Kernel, a, b, out, streams, blocks_per_sm: int, delay_ns:
     flag = with_copy_carveout(flag, 100)
     if pdl:
         flag = with_pdl_main(flag)
-    a_op, depth, chunks, plans, starts = chunk_plans(tx, a, b)
+    a_op, depth, chunks, _, _ = chunk_plans(tx, a, b)
     first = flag._cached_plan(b, a_op, chunks[0], depth)
     copy = first.copy_a
     sms = launch.device_info().sms
     tiles = copy.grid[0] * copy.grid[1]  # P = 0: a block a tile, as shipped
     blocks = sms * blocks_per_sm if blocks_per_sm else tiles
     first.copy_a = CopyA(copy.function, (blocks, 1, 1), copy.ld, copy.args)
-    n_cols = b.shape[1]
-
-    def call(i: int) -> None:
-        caller, spaces = start_call(plans, depth, streams)
-        for j, rows in enumerate(chunks):
-            plan = first if j == 0 else plans[rows]
-            space, stream = spaces[j % 2], streams[j % 2]
-            if j == 1:  # after the start, not copy 0: no event between copy 0 and main 0
-                _wait_kernel()((1,), (1,), (np.uint64(delay_ns),), stream=stream)
-            plan.launch_copy_a(a_op.ptr + 4 * starts[j] * depth, space.data.ptr, stream.ptr)
-            plan.launch(space.data.ptr, out.data.ptr + 4 * starts[j] * n_cols, stream.ptr)
-        for stream in streams:
-            caller.wait_event(launch._record(stream))
+    # copy 1 after the start, not copy 0: no event between copy 0 and main kernel 0
+    call = in_stream(tx, a, b, out, streams, delay_ns, after_copy_0=False, first_plan=first)
 
     def probe() -> list[float]:
         """us from copy 0's first block start to its last block end, to main kernel 0's

@@ -57,10 +57,10 @@ from nmgen.gpu.launch import _wait_kernel  # noqa: E402
 
 
 def in_stream(tx: launch.Kernel, a, b, out, streams, delay_ns: int,
-              after_copy_0: bool = True):
+              after_copy_0: bool = True, first_plan=None):
     """A pipelined call with copy j and main kernel j on ``streams[j % 2]``; copy 1 waits
     ``delay_ns`` on the GPU after copy 0's end, or (not ``after_copy_0``) after the
-    call's start."""
+    call's start. ``first_plan``: chunk 0's launch plan, where not ``tx``'s."""
     a_op, depth, chunks, plans, starts = chunk_plans(tx, a, b)
     n_cols = b.shape[1]
 
@@ -70,6 +70,8 @@ def in_stream(tx: launch.Kernel, a, b, out, streams, delay_ns: int,
         first_copy = None  # copy 0's end event
         for j, rows in enumerate(chunks):
             plan, space, stream = plans[rows], spaces[j % 2], streams[j % 2]
+            if j == 0 and first_plan is not None:
+                plan = first_plan
             if j == 1:  # copy 1 after copy 0, so that main kernel 0 takes the SMs first
                 if after_copy_0:
                     stream.wait_event(first_copy)
