@@ -103,6 +103,25 @@ def row_major_core(pattern: Pattern, size: int):
     return a, b, out, ref, km, tx, fns
 
 
+_GREATEST_STREAMS: dict[int, tuple] = {}
+
+
+def greatest_streams(device: int) -> tuple:
+    """Two non-blocking streams of the greatest priority, made once: the pipelined call's
+    streams from the twenty-ninth session to the thirty-second, which waited for the
+    caller's stream before copy 0 and which it waited for at the end (the launcher now
+    runs the even chunks on the caller's stream, ``launch._second_stream`` the odd)."""
+    if device not in _GREATEST_STREAMS:
+        from nmgen.gpu import launch
+
+        cp = launch._cupy()
+        with cp.cuda.Device(device):
+            greatest = launch._priority_range()[1]
+            _GREATEST_STREAMS[device] = tuple(
+                cp.cuda.Stream(non_blocking=True, priority=greatest) for _ in range(2))
+    return _GREATEST_STREAMS[device]
+
+
 def one_copy_twin(config: KernelConfig):
     """A kernel of ``config`` whose row-major launches copy all of A at once (the pipelined
     copy off), with launch plans of its own beside the shipped kernel's."""

@@ -49,7 +49,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from _ab import checked_ratios, compiled_module, int_list, pipeline_tool, row_major_core  # noqa: E402
+from _ab import (  # noqa: E402
+    checked_ratios,
+    compiled_module,
+    greatest_streams,
+    int_list,
+    pipeline_tool,
+    row_major_core,
+)
 from copy_footprint_ab import chunk_plans  # noqa: E402
 from in_stream_copy_ab import in_stream  # noqa: E402
 from pdl_ab import TRIGGER, with_copy_carveout  # noqa: E402
@@ -210,7 +217,7 @@ def repeatedly_right(fns: dict, out, ref, checks: int) -> None:
 
 def one(pattern: Pattern, size: int, args: argparse.Namespace) -> list[str]:
     a, b, out, ref, km, tx, fns = row_major_core(pattern, size)
-    streams = launch._pipeline_streams(a.device.id)
+    streams = greatest_streams(a.device.id)
     for blocks in int_list(args.copy_blocks):
         for delay in int_list(args.copy1_delays):
             for fence in args.fences.split(","):

@@ -13,11 +13,12 @@ kernel j-1, on the other stream. Timed in turns in one process after a float64 c
 (NaN-poisoned output) of each:
 
   km                        the K-major kernel on K-major A (the bound),
-  tx                        the launcher (since the twenty-ninth session: "in stream,
-                            greatest"),
+  tx                        the launcher (from the twenty-ninth session to the
+                            thirty-second "in stream, greatest", since then chunks
+                            0, 2, ... on the caller's stream: caller_stream_ab.py),
   tx before                 the pipeline shipped until then,
   tx in stream, least       copies and main kernels on two streams of the least priority,
-  tx in stream, no delay    the launcher's order and streams without the GPU wait before
+  tx in stream, no delay    "in stream, greatest" without the GPU wait before
                             copy 1,
   tx, copy 1 D us after the start  (--start-delays D,...) copy 1 waits D us from the
                             call's start instead of copy 0's end: no event recorded
@@ -40,7 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from _ab import checked_ratios, int_list, pipeline_tool, row_major_core  # noqa: E402
+from _ab import (  # noqa: E402
+    checked_ratios,
+    greatest_streams,
+    int_list,
+    pipeline_tool,
+    row_major_core,
+)
 from copy_footprint_ab import (  # noqa: E402
     chunk_plans,
     end_call,
@@ -93,10 +100,10 @@ def one(pattern: Pattern, size: int, args) -> list[str]:
     fns["tx before"] = variant_call(tx, a, b, out, queue_shipped_copy)
     fns["tx in stream, least"] = in_stream(tx, a, b, out, least, launch.COPY_1_DELAY_NS)
     fns["tx in stream, no delay"] = in_stream(tx, a, b, out,
-                                              launch._pipeline_streams(a.device.id), 0)
+                                              greatest_streams(a.device.id), 0)
     for delay in int_list(args.start_delays) if args.start_delays else []:
         fns[f"tx, copy 1 {delay} us after the start"] = in_stream(
-            tx, a, b, out, launch._pipeline_streams(a.device.id), 1000 * delay, False)
+            tx, a, b, out, greatest_streams(a.device.id), 1000 * delay, False)
     fns["tx graph"] = replayed(fns[tx_name])
     fns["tx before graph"] = replayed(fns["tx before"])
     return checked_ratios(fns, out, ref, f"{pattern.n}:{pattern.m}", args.rounds, 300)

@@ -2,10 +2,12 @@
 
 CUDA spreads streams over a few hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS,
 8 by default) in the order they are made; two streams on one queue are ordered as if
-they were one. Here the pipeline's three streams (Kernel._run_pipelined: copy, main 0,
-main 1) are made after 0..S other streams, kept alive, and the shipped pipeline is timed
-with each set in turns with the K-major kernel, in one process, each checked against
-float64 first.
+they were one. Here the pipeline's second stream (Kernel._run_pipelined runs the even
+chunks on the caller's stream, the odd ones on launch._second_stream) is made after
+0..S other streams, kept alive, and the shipped pipeline is timed with each in turns with
+the K-major kernel, in one process, each checked against float64 first. (Until the
+thirty-second session the pipeline had three streams of its own, and this tool made all
+three after the others.)
 
     python tools/stream_queues_ab.py --pattern 4:32,8:32 --shifts 8 --rounds 7
 """
@@ -26,31 +28,28 @@ from nmgen.format import Pattern  # noqa: E402
 from nmgen.gpu import launch  # noqa: E402
 
 
-def stream_sets(shifts: int) -> list[tuple]:
-    """(copy, (main 0, main 1)) made after 0, 1, ... ``shifts - 1`` other streams each,
-    with the priorities of the launcher's streams until the twenty-ninth session (copies at
-    the greatest, main kernels at the least); the other streams are kept."""
+def stream_sets(shifts: int) -> list:
+    """Second streams made after 0, 1, ... ``shifts - 1`` other streams each, with the
+    launcher's priority (the least); the other streams are kept."""
     cp = launch._cupy()
-    least, greatest = launch._priority_range()
+    least = launch._priority_range()[0]
     kept, sets = [], []
     for shift in range(shifts):
         kept += [cp.cuda.Stream(non_blocking=True) for _ in range(shift)]
-        sets.append((cp.cuda.Stream(non_blocking=True, priority=greatest),
-                     tuple(cp.cuda.Stream(non_blocking=True, priority=least)
-                           for _ in range(2))))
+        sets.append(cp.cuda.Stream(non_blocking=True, priority=least))
     stream_sets.kept = kept  # alive as long as the process
     return sets
 
 
-def with_streams(streams, call):
+def with_streams(second, call):
     def timed(i: int) -> None:
         device = launch._cupy().cuda.Device().id
-        shipped = launch._PIPELINE_STREAMS.get(device)
-        launch._PIPELINE_STREAMS[device] = streams
+        shipped = launch._SECOND_STREAMS.get(device)
+        launch._SECOND_STREAMS[device] = second
         try:
             call(i)
         finally:
-            launch._PIPELINE_STREAMS[device] = shipped
+            launch._SECOND_STREAMS[device] = shipped
     return timed
 
 
@@ -60,9 +59,9 @@ def one(pattern: Pattern, size: int, sets: list, rounds: int) -> list[str]:
     a_km = cp.ascontiguousarray(a.T).T
     km, tx = core_pair(pattern)
     fns = {f"km {km.name}": lambda i: km(a_km, b, out=out)}
-    for shift, streams in enumerate(sets):
-        fns[f"tx, streams after {shift} more"] = with_streams(
-            streams, lambda i: tx(a, b, out=out))
+    for shift, second in enumerate(sets):
+        fns[f"tx, second stream after {shift} more"] = with_streams(
+            second, lambda i: tx(a, b, out=out))
     return checked_ratios(fns, out, ref, f"{pattern.n}:{pattern.m}", rounds)
 
 

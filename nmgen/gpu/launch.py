@@ -339,21 +339,20 @@ def _wait_kernel() -> Any:
 # H100, results/copy_order_h100/).
 COPY_1_DELAY_NS = 2000
 
-_PIPELINE_STREAMS: dict[int, tuple[Any, Any]] = {}
+_SECOND_STREAMS: dict[int, Any] = {}
 
 
-def _pipeline_streams(device: int) -> tuple[Any, Any]:
-    """The two streams of ``device``'s pipelined calls, made once, of the greatest
-    priority: a chunk's main kernel, ready while the next copy waits for slots, takes
-    them first (results/row_major_launch_h100/)."""
-    cached = _PIPELINE_STREAMS.get(device)
+def _second_stream(device: int) -> Any:
+    """The second stream of ``device``'s pipelined calls (the caller's is the first), made
+    once: non-blocking, of the least priority, as a caller's stream usually is. Two
+    streams of the greatest priority beside the caller's were 0.2-0.4 % slower at 4096^3
+    (results/caller_stream_h100/)."""
+    cached = _SECOND_STREAMS.get(device)
     if cached is None:
         cp = _cupy()
         with cp.cuda.Device(device):
-            greatest = _priority_range()[1]
-            cached = tuple(cp.cuda.Stream(non_blocking=True, priority=greatest)
-                           for _ in range(2))
-        _PIPELINE_STREAMS[device] = cached
+            cached = cp.cuda.Stream(non_blocking=True, priority=_priority_range()[0])
+        _SECOND_STREAMS[device] = cached
     return cached
 
 
@@ -598,19 +597,21 @@ class Kernel:
 
     def _run_pipelined(self, whole: LaunchPlan, a_op: Operand, lda: int, b: NMMatrix,
                        c_ptr: int, handle: Any) -> None:
-        """Row-major A copied and multiplied in chunks of rows. Stream j % 2 of two runs
-        chunk j's copy, then its main kernel, so that copy j overlaps main kernel j-1 (on
-        the other stream), main kernel j follows its copy in stream order, and copy j
-        follows main kernel j-2, which read the same one of the two K-major workspaces.
-        The only wait between the two streams is copy 1's: it follows copy 0, COPY_1_DELAY_NS
-        later on the GPU, so that main kernel 0's blocks take the SMs first and copy 1 runs
-        in the slots they leave. The caller's stream then waits for both streams, so work
-        queued on it after this call, and the pool's reuse of the workspaces, come after
-        them. Before, the copies had a stream of their own and each main kernel waited for
-        its copy through an event: 0.3-0.8 % slower (results/row_major_launch_h100/)."""
+        """Row-major A copied and multiplied in chunks of rows. Stream j % 2 of two, the
+        caller's and ``_second_stream``, runs chunk j's copy, then its main kernel, so that
+        copy j overlaps main kernel j-1 (on the other stream), main kernel j follows its
+        copy in stream order, and copy j follows main kernel j-2, which read the same one of
+        the two K-major workspaces. The only wait between the two streams before the end is
+        copy 1's: it follows copy 0 (and so the caller's work before this call),
+        COPY_1_DELAY_NS later on the GPU, so that main kernel 0's blocks take the SMs first
+        and copy 1 runs in the slots they leave. The caller's stream then waits for the
+        second's, so work queued on it after this call, and the pool's reuse of the
+        workspaces, come after both. Waits between streams cost time on the GPU: two
+        pipeline streams of their own, which waited for the caller's before copy 0 and
+        which it waited for at the end, were 0.2-0.4 % slower (results/caller_stream_h100/)."""
         cp = _cupy()
         caller = handle if handle is not None else cp.cuda.get_current_stream()
-        streams = _pipeline_streams(a_op.device)
+        streams = (caller, _second_stream(a_op.device))
         chunks = whole.chunks
         plans = {rows: self._cached_plan(b, a_op, rows, lda, caller.ptr) for rows in set(chunks)}
         depth, n_cols = b.shape
@@ -619,9 +620,6 @@ class Kernel:
             words = depth * max(plan.copy_a.ld for plan in plans.values())
             # (array, address) pairs: the arrays are held until every launch is queued
             spaces = [_scratch(whole, a_op, capturing, words) for _ in range(2)]
-        begin = _record(caller)
-        for stream in streams:
-            stream.wait_event(begin)
         copy_0, first = None, 0
         for j, rows in enumerate(chunks):
             plan, space, stream = plans[rows], spaces[j % 2][1], streams[j % 2]
@@ -633,8 +631,7 @@ class Kernel:
                 copy_0 = _record(stream)
             plan.launch(space, c_ptr + 4 * first * n_cols, stream.ptr)
             first += rows
-        for stream in streams:
-            caller.wait_event(_record(stream))
+        caller.wait_event(_record(streams[1]))
 
     def _cp_async_twin(self) -> Kernel:
         """``KernelConfig.cp_async_twin``: what a ``tma`` kernel runs on an A that the

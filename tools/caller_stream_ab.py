@@ -1,0 +1,108 @@
+"""Fewer waits between streams in the pipelined row-major call.
+
+Replayed from a CUDA graph, the pipelined call of the thirty-first session read about
+0.5 % faster than launched as usual (tools/queue_ahead_ab.py: 1.049 against 1.055 of
+K-major at 4:32), and the wait queued ahead of each timed call was not what made the
+difference. The graph turns the waits between streams into edges: the two pipeline
+streams (of the greatest priority) waited for the caller's work, stream 1 for copy 0's
+end, and the caller for both streams' last kernels. The launcher now runs chunks 0, 2, ...
+on the caller's own stream and the odd ones on a second stream of the least priority
+(``launch._second_stream``): no wait before copy 0 and one at the end. The variants,
+timed in turns in one process after a float64 check (NaN-poisoned output) of each:
+
+  km                          the K-major kernel on K-major A (the bound),
+  tx                          the launcher,
+  tx, two greatest streams    the launcher of before (two streams of the greatest
+                              priority that wait for the caller's, and it for them),
+  tx, caller even, greatest   the launcher with a second stream of the greatest priority,
+  tx graph                    the launcher's call replayed from a CUDA graph.
+
+    python tools/caller_stream_ab.py --pattern 4:32,8:32 --rounds 9 [--side-caller]
+
+--side-caller calls from a non-blocking stream of the process instead of CuPy's default
+(legacy) stream. The first run (caller_stream_run1.md) was taken before the launcher
+changed: its "tx" is the launcher of before, "caller even, least" the launcher of now.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+from _ab import (  # noqa: E402
+    checked_ratios,
+    greatest_streams,
+    pipeline_tool,
+    row_major_core,
+)
+from copy_footprint_ab import chunk_plans  # noqa: E402
+from graph_core_ab import replayed  # noqa: E402
+
+from nmgen.format import Pattern  # noqa: E402
+from nmgen.gpu import launch  # noqa: E402
+from nmgen.gpu.launch import _wait_kernel  # noqa: E402
+
+
+def pipelined(tx: launch.Kernel, a, b, out, streams):
+    """A pipelined call, chunk j on ``streams[j % 2]`` as the launcher's; ``streams[0]``
+    may be the caller's own stream (None), else it waits for the caller's work first, and
+    stream 1 for copy 0's end."""
+    a_op, depth, chunks, plans, starts = chunk_plans(tx, a, b)
+    n_cols = b.shape[1]
+    cp = launch._cupy()
+    words = depth * max(p.copy_a.ld for p in plans.values())
+
+    def call(i: int) -> None:
+        caller = cp.cuda.get_current_stream()
+        ordered = (streams[0] or caller, streams[1])
+        spaces = [cp.empty(words, np.float32) for _ in range(2)]
+        if streams[0] is not None:
+            begin = launch._record(caller)
+            for stream in ordered:
+                stream.wait_event(begin)
+        copy_0 = None  # copy 0's end event
+        for j, rows in enumerate(chunks):
+            plan, space, stream = plans[rows], spaces[j % 2], ordered[j % 2]
+            if j == 1:  # copy 1 after copy 0, so that main kernel 0 takes the SMs first
+                stream.wait_event(copy_0)
+                _wait_kernel()((1,), (1,), (np.uint64(launch.COPY_1_DELAY_NS),),
+                               stream=stream)
+            plan.launch_copy_a(a_op.ptr + 4 * starts[j] * depth, space.data.ptr, stream.ptr)
+            if j == 0:
+                copy_0 = launch._record(stream)
+            plan.launch(space.data.ptr, out.data.ptr + 4 * starts[j] * n_cols, stream.ptr)
+        for stream in ordered:
+            if stream is not caller:
+                caller.wait_event(launch._record(stream))
+    return call
+
+
+def one(pattern: Pattern, size: int, args) -> list[str]:
+    a, b, out, ref, km, tx, fns = row_major_core(pattern, size)
+    tx_name = list(fns)[1]
+    greatest = greatest_streams(a.device.id)
+    fns["tx, two greatest streams"] = pipelined(tx, a, b, out, greatest)
+    fns["tx, caller even, greatest"] = pipelined(tx, a, b, out, (None, greatest[1]))
+    fns["tx graph"] = replayed(fns[tx_name])
+    return checked_ratios(fns, out, ref, f"{pattern.n}:{pattern.m}", args.rounds)
+
+
+def main() -> None:
+    def options(parser) -> None:
+        parser.add_argument("--side-caller", action="store_true",
+                            help="call from a non-blocking stream, not CuPy's default one")
+
+    side = "--side-caller" in sys.argv
+    if side:
+        main.side = launch._cupy().cuda.Stream(non_blocking=True)  # alive as the process
+        main.side.use()
+    title = "Fewer waits between streams" + (", called from a side stream" if side else "")
+    pipeline_tool(__doc__, title, one, options)
+
+
+if __name__ == "__main__":
+    main()
