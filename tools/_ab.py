@@ -89,13 +89,14 @@ def core_pair(pattern: Pattern):
                  for layout in (ALayout.K_MAJOR, ALayout.ROW_MAJOR))
 
 
-def row_major_core(pattern: Pattern, size: int):
-    """(a, b, out, ref, km, tx, fns) of a size^3 problem for the pipeline tools: row-major
-    A and its K-major twin, the core kernels of both layouts, and ``fns`` holding the
-    K-major kernel (the bound) and the shipped row-major launch, each writing ``out``."""
+def row_major_core(pattern: Pattern, size: int, shape: tuple[int, int, int] | None = None):
+    """(a, b, out, ref, km, tx, fns) of a size^3 problem (or ``shape``, M x N x K) for the
+    pipeline tools: row-major A and its K-major twin, the core kernels of both layouts, and
+    ``fns`` holding the K-major kernel (the bound) and the shipped row-major launch, each
+    writing ``out``."""
     import cupy as cp
 
-    a, b, out, ref = problem_inputs(pattern, ALayout.ROW_MAJOR, size, size, size)
+    a, b, out, ref = problem_inputs(pattern, ALayout.ROW_MAJOR, *(shape or (size,) * 3))
     a_km = cp.ascontiguousarray(a.T).T
     km, tx = core_pair(pattern)
     fns = {f"km {km.name}": lambda i: km(a_km, b, out=out),

@@ -82,19 +82,23 @@ def pipelined(tx: launch.Kernel, a, b, out, streams):
 
 
 def one(pattern: Pattern, size: int, args) -> list[str]:
-    a, b, out, ref, km, tx, fns = row_major_core(pattern, size)
+    shape = tuple(int(x) for x in args.shape.split("x")) if args.shape else None
+    a, b, out, ref, km, tx, fns = row_major_core(pattern, size, shape)
     tx_name = list(fns)[1]
     greatest = greatest_streams(a.device.id)
     fns["tx, two greatest streams"] = pipelined(tx, a, b, out, greatest)
     fns["tx, caller even, greatest"] = pipelined(tx, a, b, out, (None, greatest[1]))
     fns["tx graph"] = replayed(fns[tx_name])
-    return checked_ratios(fns, out, ref, f"{pattern.n}:{pattern.m}", args.rounds)
+    label = f"{pattern.n}:{pattern.m}" + (f" {args.shape}" if shape else "")
+    return checked_ratios(fns, out, ref, label, args.rounds)
 
 
 def main() -> None:
     def options(parser) -> None:
         parser.add_argument("--side-caller", action="store_true",
                             help="call from a non-blocking stream, not CuPy's default one")
+        parser.add_argument("--shape", default="", metavar="MxNxK",
+                            help="this problem instead of size^3")
 
     side = "--side-caller" in sys.argv
     if side:

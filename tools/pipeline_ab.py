@@ -7,8 +7,11 @@ first (NaN-poisoned output):
 
   pipelined   the shipped launch: chunk j's copy overlaps chunk j-1's main kernel,
   one copy    ``Kernel.pipeline_copy = False``: one copy of all of A, then the main kernel,
-  before      (--before) the pipeline shipped until the twenty-ninth session (copies on a
-              copy stream of their own, each main kernel waiting for its copy's event).
+  before      (--before) the launcher of the twenty-ninth to the thirty-second session
+              (chunks on two streams of the greatest priority, which wait for the
+              caller's stream first; tools/caller_stream_ab.py). Until the thirty-second
+              session "before" was the pipeline shipped until the twenty-ninth (copies on
+              a copy stream of their own, each main kernel waiting for its copy's event).
 
     python tools/pipeline_ab.py --shapes shapes/llama.txt --pattern 16:32,12:32,8:32,4:32 \\
         --db sqlite:///tuned_db/tuned.sqlite --out results/chunked_tx_h100/pipeline_ab.md
@@ -52,10 +55,10 @@ def one(config, shape, rounds: int, before: bool = False) -> dict | None:
     ref = a.astype(cp.float64) @ dense_float64(b)
     fns = {"pipelined": lambda i: piped(a, b, out=out), "one copy": lambda i: single(a, b, out=out)}
     if before:
-        from copy_footprint_ab import variant_call
-        from pdl_ab import queue_shipped_copy
+        from _ab import greatest_streams
+        from caller_stream_ab import pipelined
 
-        fns["before"] = variant_call(piped, a, b, out, queue_shipped_copy)
+        fns["before"] = pipelined(piped, a, b, out, greatest_streams(a.device.id))
     for name, fn in fns.items():
         err = measure.poisoned_error(lambda fn=fn: fn(0), out, ref)
         if not err < RTOL:
@@ -74,7 +77,7 @@ def main() -> None:
     parser.add_argument("--db", action="append", required=True)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--before", action="store_true",
-                        help="also the pipeline shipped until the twenty-ninth session")
+                        help="also the launcher of the twenty-ninth to the thirty-second session")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     dispatcher = Dispatcher(args.db)
