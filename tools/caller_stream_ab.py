@@ -32,53 +32,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
 from _ab import (  # noqa: E402
     checked_ratios,
     greatest_streams,
     pipeline_tool,
     row_major_core,
 )
-from copy_footprint_ab import chunk_plans  # noqa: E402
 from graph_core_ab import replayed  # noqa: E402
+from in_stream_copy_ab import in_stream  # noqa: E402
 
 from nmgen.format import Pattern  # noqa: E402
 from nmgen.gpu import launch  # noqa: E402
-from nmgen.gpu.launch import _wait_kernel  # noqa: E402
-
-
-def pipelined(tx: launch.Kernel, a, b, out, streams):
-    """A pipelined call, chunk j on ``streams[j % 2]`` as the launcher's; ``streams[0]``
-    may be the caller's own stream (None), else it waits for the caller's work first, and
-    stream 1 for copy 0's end."""
-    a_op, depth, chunks, plans, starts = chunk_plans(tx, a, b)
-    n_cols = b.shape[1]
-    cp = launch._cupy()
-    words = depth * max(p.copy_a.ld for p in plans.values())
-
-    def call(i: int) -> None:
-        caller = cp.cuda.get_current_stream()
-        ordered = (streams[0] or caller, streams[1])
-        spaces = [cp.empty(words, np.float32) for _ in range(2)]
-        if streams[0] is not None:
-            begin = launch._record(caller)
-            for stream in ordered:
-                stream.wait_event(begin)
-        copy_0 = None  # copy 0's end event
-        for j, rows in enumerate(chunks):
-            plan, space, stream = plans[rows], spaces[j % 2], ordered[j % 2]
-            if j == 1:  # copy 1 after copy 0, so that main kernel 0 takes the SMs first
-                stream.wait_event(copy_0)
-                _wait_kernel()((1,), (1,), (np.uint64(launch.COPY_1_DELAY_NS),),
-                               stream=stream)
-            plan.launch_copy_a(a_op.ptr + 4 * starts[j] * depth, space.data.ptr, stream.ptr)
-            if j == 0:
-                copy_0 = launch._record(stream)
-            plan.launch(space.data.ptr, out.data.ptr + 4 * starts[j] * n_cols, stream.ptr)
-        for stream in ordered:
-            if stream is not caller:
-                caller.wait_event(launch._record(stream))
-    return call
 
 
 def one(pattern: Pattern, size: int, args) -> list[str]:
@@ -86,8 +50,9 @@ def one(pattern: Pattern, size: int, args) -> list[str]:
     a, b, out, ref, km, tx, fns = row_major_core(pattern, size, shape)
     tx_name = list(fns)[1]
     greatest = greatest_streams(a.device.id)
-    fns["tx, two greatest streams"] = pipelined(tx, a, b, out, greatest)
-    fns["tx, caller even, greatest"] = pipelined(tx, a, b, out, (None, greatest[1]))
+    delay = launch.COPY_1_DELAY_NS
+    fns["tx, two greatest streams"] = in_stream(tx, a, b, out, greatest, delay)
+    fns["tx, caller even, greatest"] = in_stream(tx, a, b, out, (None, greatest[1]), delay)
     fns["tx graph"] = replayed(fns[tx_name])
     label = f"{pattern.n}:{pattern.m}" + (f" {args.shape}" if shape else "")
     return checked_ratios(fns, out, ref, label, args.rounds)

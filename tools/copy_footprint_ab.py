@@ -194,7 +194,8 @@ def queue_main(plan, space_ptr: int, out_ptr: int, main, done: list) -> None:
 
 
 def end_call(caller, done: list) -> None:
-    """The caller's stream waits for the last two main kernels (one on each main stream)."""
+    """The caller's stream waits for the last two main kernels (one on each main stream;
+    ``done`` may hold only the ones it must wait for)."""
     for event in done[-2:]:
         caller.wait_event(event)
 

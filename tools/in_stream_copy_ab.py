@@ -67,16 +67,23 @@ def in_stream(tx: launch.Kernel, a, b, out, streams, delay_ns: int,
               after_copy_0: bool = True, first_plan=None):
     """A pipelined call with copy j and main kernel j on ``streams[j % 2]``; copy 1 waits
     ``delay_ns`` on the GPU after copy 0's end, or (not ``after_copy_0``) after the
-    call's start. ``first_plan``: chunk 0's launch plan, where not ``tx``'s."""
+    call's start. ``streams[0]`` None: the caller's own stream, as the launcher's since
+    the thirty-second session (no wait before copy 0; at the end the caller waits for
+    stream 1 alone); else both streams wait for the caller's work first, and it for both
+    at the end. ``first_plan``: chunk 0's launch plan, where not ``tx``'s."""
+    own = streams[0] is None
+    if own and not after_copy_0:
+        raise ValueError("stream 1 must follow copy 0 where stream 0 is the caller's")
     a_op, depth, chunks, plans, starts = chunk_plans(tx, a, b)
     n_cols = b.shape[1]
 
     def call(i: int) -> None:
-        caller, spaces = start_call(plans, depth, streams)
-        done: list = []
+        caller, spaces = start_call(plans, depth, () if own else streams)
+        ordered = (caller, streams[1]) if own else streams
+        ends = []  # the last main kernel's end on each stream the caller waits for
         first_copy = None  # copy 0's end event
         for j, rows in enumerate(chunks):
-            plan, space, stream = plans[rows], spaces[j % 2], streams[j % 2]
+            plan, space, stream = plans[rows], spaces[j % 2], ordered[j % 2]
             if j == 0 and first_plan is not None:
                 plan = first_plan
             if j == 1:  # copy 1 after copy 0, so that main kernel 0 takes the SMs first
@@ -88,8 +95,9 @@ def in_stream(tx: launch.Kernel, a, b, out, streams, delay_ns: int,
             if j == 0 and after_copy_0:
                 first_copy = launch._record(stream)
             plan.launch(space.data.ptr, out.data.ptr + 4 * starts[j] * n_cols, stream.ptr)
-            done.append(launch._record(stream))
-        end_call(caller, done)
+            if j >= len(chunks) - 2 and stream is not caller:
+                ends.append(launch._record(stream))
+        end_call(caller, ends)
     return call
 
 

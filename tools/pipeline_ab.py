@@ -56,9 +56,12 @@ def one(config, shape, rounds: int, before: bool = False) -> dict | None:
     fns = {"pipelined": lambda i: piped(a, b, out=out), "one copy": lambda i: single(a, b, out=out)}
     if before:
         from _ab import greatest_streams
-        from caller_stream_ab import pipelined
+        from in_stream_copy_ab import in_stream
 
-        fns["before"] = pipelined(piped, a, b, out, greatest_streams(a.device.id))
+        from nmgen.gpu.launch import COPY_1_DELAY_NS
+
+        fns["before"] = in_stream(piped, a, b, out, greatest_streams(a.device.id),
+                                  COPY_1_DELAY_NS)
     for name, fn in fns.items():
         err = measure.poisoned_error(lambda fn=fn: fn(0), out, ref)
         if not err < RTOL:

@@ -1,8 +1,9 @@
 """Where the host time of a pipelined row-major call goes (cProfile of many calls).
 
 The GPU is kept busy behind a long wait while the calls are queued, so that no launch
-blocks on a full queue and the profile is of the host's own work. The problem is the core
-benchmark's (M = N = K = 4096 by default), the shipped launcher:
+blocks on a full queue and the profile is of the host's own work; the host time a call
+is measured first without the profiler, as tools/queue_ahead_ab.py measures it. The
+problem is the core benchmark's (M = N = K = 4096 by default), the shipped launcher:
 
     python tools/profile_pipelined.py --pattern 4:32 --calls 50
 """
@@ -14,13 +15,13 @@ import cProfile
 import io
 import pstats
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _ab import row_major_core  # noqa: E402
+from queue_ahead_ab import host_us  # noqa: E402
 
 from nmgen.format import Pattern  # noqa: E402
 
@@ -43,29 +44,18 @@ def main() -> None:
     for _ in range(3):
         call(0)
     stream.synchronize()
-    wait_ns = np.uint64(args.calls * 2_000_000)  # 2 ms of GPU wait a call queued
-
-    def burst(profile: cProfile.Profile | None) -> float:
-        """Host microseconds a call, the calls queued behind the GPU wait."""
-        _wait_kernel()((1,), (1,), (wait_ns,), stream=stream)
-        start = time.perf_counter()
-        if profile is not None:
-            profile.enable()
-        for i in range(args.calls):
-            call(i)
-        if profile is not None:
-            profile.disable()
-        spent = 1e6 * (time.perf_counter() - start) / args.calls
-        stream.synchronize()
-        return spent
-
-    plain = burst(None)
+    plain = host_us(call, args.calls)  # as tools/queue_ahead_ab.py times it
+    _wait_kernel()((1,), (1,), (np.uint64(args.calls * 2_000_000),), stream=stream)
     profile = cProfile.Profile()
-    profiled = burst(profile)
+    profile.enable()
+    for i in range(args.calls):
+        call(i)
+    profile.disable()
+    stream.synchronize()
     text = io.StringIO()
     pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(args.top)
-    print(f"{args.pattern} {args.size}^3 {list(fns)[1]}: {plain:.1f} us a call "
-          f"({profiled:.1f} under cProfile), {args.calls} calls")
+    print(f"{args.pattern} {args.size}^3 {list(fns)[1]}: {plain:.1f} us a call, median "
+          f"of {args.calls}")
     print(text.getvalue())
 
 
