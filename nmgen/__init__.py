@@ -1,31 +1,39 @@
 """nmgen: a code-generating kernel compiler and autotuner for vector-wise N:M sparse GEMM.
 
-Pipeline: ``format`` (prune, NMMatrix) → ``config`` (KernelConfig) → ``model`` →
-``codegen`` (Jinja2 → CUDA) → ``compile`` (nvcc) / ``launch`` (NVRTC through CuPy).
-Only ``launch`` touches CuPy, and only when a kernel is called.
+The pipeline, bottom up: ``format`` (prune, ``NMMatrix``) → ``families`` (each family's
+configuration, search space, model, weight preparation and launch plan) → ``codegen``
+(Jinja2 → CUDA) → ``build`` (nvcc, NVRTC) → ``runtime`` (launches; the CuPy/torch
+boundary) and ``store`` (the tuned database) → ``policy`` (winners) → ``tune`` and
+``dispatch`` → ``bench`` and ``cli``. GPU libraries are imported only when a kernel runs.
 """
 
 from .codegen import KernelSource, render
-from .config import ALayout, Arch, ConfigError, Family, KernelConfig
 from .dispatch import dispatch, dispatch_stats
-from .format import NMMatrix, Pattern, prune, reference
-from .gpu.launch import Kernel
+from .families.f32_simt.config import KernelConfig
+from .families.registry import register
+from .families.space import ConfigError
+from .format import DType, NMMatrix, Pattern, prune, reference
+from .gpus import Arch
+from .problem import ALayout, Problem
+from .runtime.launch import Kernel
 from .version import __version__
 
 __all__ = [
     "ALayout",
     "Arch",
     "ConfigError",
-    "Family",
+    "DType",
     "Kernel",
     "KernelConfig",
     "KernelSource",
     "NMMatrix",
     "Pattern",
+    "Problem",
     "__version__",
     "dispatch",
     "dispatch_stats",
     "prune",
     "reference",
+    "register",
     "render",
 ]

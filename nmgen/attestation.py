@@ -12,15 +12,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RECORD = ROOT / "tests" / "gpu_attestation.json"
 # Modules that cannot change what runs on the GPU (host-side tooling only).
-HOST_ONLY = frozenset({"nmgen/cli.py", "nmgen/export.py", "nmgen/attestation.py",
-                       "nmgen/space.py", "nmgen/report.py", "nmgen/studies.py",
-                       "nmgen/results.py", "nmgen/plots.py", "nmgen/replay.py",
-                       "nmgen/workers.py", "nmgen/refine.py"})
+HOST_ONLY = frozenset({
+    "nmgen/cli.py", "nmgen/export.py", "nmgen/attestation.py", "nmgen/progress.py",
+    "nmgen/families/space.py", "nmgen/families/f32_simt/space.py",
+    "nmgen/bench/report.py", "nmgen/bench/results.py", "nmgen/bench/plots.py",
+    "nmgen/tune/studies.py", "nmgen/tune/replay.py", "nmgen/tune/workers.py",
+    "nmgen/tune/refine.py", "nmgen/tune/session.py", "nmgen/tune/maintain.py",
+})
 
 
 def kernel_side_files(root: Path = ROOT) -> list[Path]:
-    """Templates and every package module that can change a kernel or its launch."""
-    files = sorted(root.glob("templates/*.j2")) + sorted(root.glob("nmgen/**/*.py"))
+    """Every family's templates and every package module that can change a kernel or its
+    launch."""
+    files = sorted(root.glob("nmgen/**/*.j2")) + sorted(root.glob("nmgen/**/*.py"))
     return [f for f in files if f.relative_to(root).as_posix() not in HOST_ONLY]
 
 

@@ -1,43 +1,41 @@
-"""``nmgen.dispatch(a, b)``: run the best known kernel for this GPU, pattern and shape.
+"""``nmgen.dispatch(a, b)``: run the best known kernel for this GPU, dtype, pattern and shape.
 
-Lookup order: the exact tuned shape → the nearest tuned shape of the same GPU, pattern,
-vector length, dtype and layout → the model's best feasible configuration. The user's
-database comes first, then the one shipped in ``tuned_db/``. A fallback is counted and
-warned about once per (GPU, pattern, layout). Decisions and compiled kernels are cached
-in the process, so the steady-state cost of a call is a dictionary lookup and a launch.
+The families that serve the problem (``families.registry.serving``) are asked in turn;
+for each, the lookup goes: the exact tuned shape → the nearest tuned shape of the same
+GPU, pattern, vector length, dtype and layout → the model's best configuration. The
+fastest exact record wins across families, else the nearest, else the model's fastest
+estimate. The user's database comes first, then the one shipped with nmgen. A fallback
+is counted and warned about once per (GPU, pattern, layout). Decisions and compiled
+kernels are cached in the process, so the steady-state cost of a call is a dictionary
+lookup and a launch.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import threading
 import warnings
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from .codegen import generator_text
-from .config import ALayout, Family, KernelConfig
-from .db import ProblemKey, best_per_problem, connect, shipped_db
+from .families.base import Config, Family
+from .families.registry import serving
 from .format import NMMatrix
-from .gpu.launch import Kernel, device_info, operand
-from .model import GPUS, default_layout_tile, gpu_of_device_name, gpu_spec, rank
+from .gpus import spec_or_h100, table_name
+from .policy import best_per_problem
+from .problem import ALayout, Problem
+from .runtime.device import device_info, operand
+from .runtime.launch import Kernel
 from .shapes import shape_distance
-from .space import Problem, enumerate_configs
-
-
-@functools.cache
-def template_hash(family: Family = Family.F32_SIMT) -> str:
-    """The records' generator key: the template and the code generator (see
-    ``codegen.generator_text``)."""
-    return hashlib.sha256(generator_text(family).encode()).hexdigest()
+from .store.database import connect, shipped_db
+from .store.records import ProblemKey
 
 
 @dataclass
 class Decision:
-    config: KernelConfig
+    config: Config
     source: str  # "exact", "nearest" or "model"
+    time_ms: float | None = None  # measured (exact, nearest) or estimated (model)
 
 
 class Dispatcher:
@@ -46,7 +44,7 @@ class Dispatcher:
     def __init__(self, db_urls: list[str] | None = None):
         self._urls = db_urls
         self._engines: list[Any] | None = None
-        self._decisions: dict[ProblemKey, Decision] = {}
+        self._decisions: dict[tuple, Decision] = {}
         self._fast: dict[tuple, tuple[Kernel, str]] = {}
         self._kernels: dict[str, Kernel] = {}
         self._warned: set[tuple] = set()
@@ -64,31 +62,42 @@ class Dispatcher:
             self._engines = [connect(u) for u in urls]
         return self._engines
 
-    def key_for(self, a_shape: tuple[int, int], a_layout: ALayout, b: NMMatrix) -> ProblemKey:
-        return problem_key(b.n, b.m, b.vec, a_layout, a_shape[0], b.shape[1], b.shape[0])
-
-    def decide(self, key: ProblemKey) -> Decision:
-        cached = self._decisions.get(key)
+    def decide(self, problem: Problem, shape: tuple[int, int, int]) -> Decision:
+        cached = self._decisions.get((problem, shape))
         if cached is not None:
             return cached
         with self._lock:
-            decision = self._lookup(key)
-            self._decisions[key] = decision
+            decision = self._lookup(problem, shape)
+            self._decisions[(problem, shape)] = decision
             return decision
 
-    def _lookup(self, key: ProblemKey) -> Decision:
-        shape = (key.rows, key.cols, key.depth)
+    def _lookup(self, problem: Problem, shape: tuple[int, int, int]) -> Decision:
+        families = serving(problem)
+        if not families:
+            raise ValueError(f"no kernel family serves {problem}")
+        found = [self._lookup_family(f, problem, shape) for f in families]
+        rank = {"exact": 0, "nearest": 1, "model": 2}
+        return min((d for d in found if d is not None),
+                   key=lambda d: (rank[d.source], d.time_ms or 0.0, d.config.name))
+
+    def _lookup_family(self, family: Family, problem: Problem, shape: tuple[int, int, int]
+                       ) -> Decision | None:
+        key = problem_key(family, problem, shape)
         for engine in self._dbs():
             winners = best_per_problem(engine, key)
             if shape in winners:
-                return Decision(winners[shape].config, "exact")
+                return Decision(winners[shape].config, "exact", winners[shape].time_ms)
             if winners:
                 nearest = min(winners.values(), key=lambda w: (shape_distance(w.shape, shape),
                                                                w.config.name))
-                return Decision(nearest.config, "nearest")
-        return Decision(model_choice(key), "model")
+                return Decision(nearest.config, "nearest", nearest.time_ms)
+        gpu = spec_or_h100(key.gpu)
+        config = family.default_config(problem, gpu, shape)
+        if config is None:
+            return None
+        return Decision(config, "model", family.estimate_ms(config, gpu, shape))
 
-    def kernel(self, config: KernelConfig) -> Kernel:
+    def kernel(self, config: Config) -> Kernel:
         kernel = self._kernels.get(config.name)
         if kernel is None:
             with self._lock:
@@ -98,64 +107,65 @@ class Dispatcher:
     def __call__(self, a: Any, b: NMMatrix, out: Any = None, *, stream: Any = None) -> Any:
         a_op = operand(a, "a")
         # Hot path: one dictionary lookup on what the decision depends on.
-        fast = (a_op.device, a_op.shape, a_op.strides, b.n, b.m, b.vec, b.shape)
+        fast = (a_op.device, a_op.shape, a_op.strides, a_op.dtype, b.n, b.m, b.vec, b.shape,
+                b._values.dtype)
         hit = self._fast.get(fast)
         if hit is None:
-            layout = layout_of(a_op.shape, a_op.strides)
-            key = self.key_for(a_op.shape, layout, b)
-            decision = self.decide(key)
-            if decision.source != "exact":
-                self._warn_once(key, decision)
-            hit = self._fast[fast] = (self.kernel(decision.config), decision.source)
+            hit = self._fast[fast] = self._choose(a_op, b)
         kernel, source = hit
         with self._count_lock:  # Counter's += is a read-modify-write
             self.counts[source] += 1
         return kernel.run(a, a_op, b, out, stream)
 
-    def _warn_once(self, key: ProblemKey, decision: Decision) -> None:
-        family = key.same_family()
-        if family in self._warned:
+    def _choose(self, a_op: Any, b: NMMatrix) -> tuple[Kernel, str]:
+        if a_op.dtype is not b.dtype:
+            got = a_op.dtype.value if a_op.dtype is not None else "another dtype"
+            raise TypeError(f"a is {got} but b holds {b.dtype.value} values: pass "
+                            "activations in the weight's dtype")
+        problem = Problem(b.n, b.m, b.vec, layout_of(a_op.shape, a_op.strides,
+                                                     b.dtype.itemsize),
+                          device_info().arch, b.dtype)
+        shape = (a_op.shape[0], b.shape[1], b.shape[0])
+        decision = self.decide(problem, shape)
+        if decision.source != "exact":
+            self._warn_once(problem, shape, decision)
+        return self.kernel(decision.config), decision.source
+
+    def _warn_once(self, problem: Problem, shape: tuple[int, int, int],
+                   decision: Decision) -> None:
+        if problem in self._warned:
             return
-        self._warned.add(family)
-        warnings.warn(f"nmgen.dispatch: no tuned record for {key.gpu} {key.n}:{key.m} "
-                      f"L={key.vec} {key.a_layout} M={key.rows} N={key.cols} K={key.depth}; "
-                      f"using the {decision.source} choice {decision.config.name} (said once; "
-                      "nmgen.dispatch_stats() counts every fallback)", stacklevel=3)
+        self._warned.add(problem)
+        m, n, k = shape
+        warnings.warn(f"nmgen.dispatch: no tuned record for {gpu_name()} {problem} M={m} "
+                      f"N={n} K={k}; using the {decision.source} choice "
+                      f"{decision.config.name} (said once; nmgen.dispatch_stats() counts "
+                      "every fallback)", stacklevel=4)
 
 
-def problem_key(n: int, m: int, vec: int, a_layout: ALayout, rows: int, cols: int,
-                depth: int) -> ProblemKey:
-    """The database key of a problem on the current device."""
+def gpu_name() -> str:
+    """The name the current device's records are keyed on."""
+    return table_name(device_info().name)
+
+
+def problem_key(family: Family, problem: Problem, shape: tuple[int, int, int]) -> ProblemKey:
+    """The database key of ``family``'s records of a problem on the current device."""
     info = device_info()
-    gpu = gpu_of_device_name(info.name) or info.name.lower().replace(" ", "_")
-    return ProblemKey(gpu=gpu, device_name=info.name, arch=info.arch.value,
+    return ProblemKey(gpu=table_name(info.name), device_name=info.name, arch=info.arch.value,
                       cuda_version=info.cuda_version, sms=info.sms,
-                      template_hash=template_hash(), n=n, m=m, vec=vec, dtype="f32",
-                      a_layout=a_layout.value, rows=rows, cols=cols, depth=depth)
+                      template_hash=family.generator_hash(), n=problem.n, m=problem.m,
+                      vec=problem.vec, dtype=problem.dtype.value,
+                      a_layout=problem.a_layout.value, rows=shape[0], cols=shape[1],
+                      depth=shape[2])
 
 
-def model_choice(key: ProblemKey) -> KernelConfig:
-    """The model's best feasible configuration for ``key`` (no database needed)."""
-    # An unknown GPU: the H100 entry stands in for the model's figures.
-    spec = GPUS[key.gpu] if key.gpu in GPUS else replace(gpu_spec("h100"), name=key.gpu)
-    layout = ALayout(key.a_layout)
-    problem = Problem(key.n, key.m, key.vec, a_layout=layout, arch=spec.arch)
-    candidates = [c for c in enumerate_configs(problem)
-                  if c.a_tile is default_layout_tile(layout) or layout is ALayout.K_MAJOR]
-    ranked = rank(candidates, spec, key.rows, key.cols, key.depth)
-    if not ranked:
-        raise RuntimeError(f"no feasible configuration for {key}")
-    return ranked[0][1]
-
-
-def layout_of(shape: tuple[int, ...], strides: tuple[int, ...]) -> ALayout:
+def layout_of(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> ALayout:
     """Row-major (K contiguous) or K-major (M contiguous) from byte strides."""
     if len(shape) != 2:
         raise ValueError(f"a must be 2-D (M×K), got shape {shape}")
-    item = 4
-    if shape[1] == 1 or strides[1] == item:
+    if shape[1] == 1 or strides[1] == itemsize:
         return ALayout.ROW_MAJOR
-    if shape[0] == 1 or strides[0] == item:
+    if shape[0] == 1 or strides[0] == itemsize:
         return ALayout.K_MAJOR
     raise ValueError(f"a has strides {strides}: neither dimension is contiguous; "
                      "pass a row-major M×K array or a K-major view (a_kxm.T)")

@@ -7,18 +7,19 @@ import shutil
 from pathlib import Path
 
 from .codegen import render
-from .config import KernelConfig
+from .families.base import Config
+from .families.registry import config_from_dict, config_from_name
 
 
-def load_config(spec: str) -> KernelConfig:
+def load_config(spec: str) -> Config:
     """A configuration from its canonical name or from a JSON file."""
     path = Path(spec)
     if spec.endswith(".json") or path.is_file():
-        return KernelConfig.from_json(path.read_text())
-    return KernelConfig.from_name(spec)
+        return config_from_dict(json.loads(path.read_text()))
+    return config_from_name(spec)
 
 
-def export_kernel(config: KernelConfig, out_dir: Path, cubin: bool = False) -> list[Path]:
+def export_kernel(config: Config, out_dir: Path, cubin: bool = False) -> list[Path]:
     """Write ``NAME.cu`` and ``NAME.json`` (and ``NAME.cubin`` + ptxas log, through nvcc)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     source = render(config)
@@ -26,7 +27,7 @@ def export_kernel(config: KernelConfig, out_dir: Path, cubin: bool = False) -> l
     written[0].write_text(source.code)
     written[1].write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
     if cubin:
-        from .compile import compile_with_nvcc
+        from .build.nvcc import compile_with_nvcc
 
         compiled = compile_with_nvcc(source)
         target = out_dir / f"{config.name}.cubin"
@@ -41,7 +42,8 @@ def export_from_db(db_url: str | None, shapes: list[tuple[int, int, int]], out_d
                    cubin: bool = False) -> Path:
     """Export the tuned winner of every listed shape (all GPUs and patterns in the
     database) and write ``index.md`` mapping problems to kernel files."""
-    from .db import connect, summary
+    from .policy import summary
+    from .store.database import connect
 
     out_dir.mkdir(parents=True, exist_ok=True)
     wanted = set(shapes)
@@ -53,7 +55,7 @@ def export_from_db(db_url: str | None, shapes: list[tuple[int, int, int]], out_d
         if tuple(row["shape"]) not in wanted or row["best"] is None:
             continue
         if row["best"] not in exported:
-            export_kernel(KernelConfig.from_name(row["best"]), out_dir, cubin=cubin)
+            export_kernel(config_from_name(row["best"]), out_dir, cubin=cubin)
             exported.add(row["best"])
         m, n, k = row["shape"]
         lines.append(f"| {row['gpu']} | {row['pattern']} | {row['vec']} | {row['a_layout']} "

@@ -7,19 +7,63 @@
 - ``indices`` ``W×⌈N/L⌉`` uint8: ``indices[w·n+i, q] = idx(w, q, i)``, ascending in ``i``.
 
 ``K`` and ``N`` that are not multiples of ``m`` and ``L`` are padded with zeros inside;
-the padding never shows in ``shape``, ``values``, ``to_dense()`` or a product.
+the padding never shows in ``shape``, ``values``, ``to_dense()`` or a product. The values
+keep their dtype (``DType``: float32, bfloat16 or float16); bfloat16 arrays on the host are
+``ml_dtypes.bfloat16``, as NumPy has none of its own.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 _PATTERN_RE = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
 MAX_M = 256  # indices are stored as uint8
+
+
+class DType(str, Enum):
+    """The dtype of a weight's values and of the activations multiplied with them."""
+
+    F32 = "f32"
+    BF16 = "bf16"
+    F16 = "f16"
+
+    @property
+    def numpy(self) -> np.dtype:
+        return np.dtype({"f32": np.float32, "bf16": ml_dtypes.bfloat16,
+                         "f16": np.float16}[self.value])
+
+    @property
+    def itemsize(self) -> int:
+        return self.numpy.itemsize
+
+    @classmethod
+    def parse(cls, text: str | DType) -> DType:
+        """``"fp32"``, ``"float32"``, ``"f32"``, ``"bf16"``, ... as a ``DType``."""
+        if isinstance(text, DType):
+            return text
+        key = str(text).lower().replace("float", "f").replace("fp", "f")
+        key = {"bf16": "bf16", "bfloat16": "bf16", "bf": "bf16"}.get(key, key)
+        try:
+            return cls(key)
+        except ValueError:
+            allowed = ", ".join(d.value for d in cls)
+            raise ValueError(f"dtype {text!r}: expected one of {allowed}") from None
+
+    @classmethod
+    def of(cls, array: Any) -> DType | None:
+        """The ``DType`` of a NumPy, CuPy or PyTorch array; ``None`` for any other dtype."""
+        name = str(getattr(array, "dtype", "")).removeprefix("torch.")
+        return _DTYPE_NAMES.get(name)
+
+
+_DTYPE_NAMES = {"float32": DType.F32, "bfloat16": DType.BF16, "float16": DType.F16}
 
 
 @dataclass(frozen=True)
@@ -61,14 +105,31 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 def to_numpy(x: Any) -> np.ndarray:
-    """A host NumPy view/copy of a NumPy array, CuPy array or PyTorch tensor."""
+    """A host NumPy view/copy of a NumPy array, CuPy array or PyTorch tensor (a torch
+    bfloat16 tensor becomes an ``ml_dtypes.bfloat16`` array of the same bits)."""
     if isinstance(x, np.ndarray):
         return x
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch.Tensor
-        return x.detach().cpu().numpy()
+        host = x.detach().cpu()
+        if str(host.dtype) == "torch.bfloat16":
+            return host.view(_torch_int16(host)).numpy().view(ml_dtypes.bfloat16)
+        return host.numpy()
     if hasattr(x, "get") and hasattr(x, "__cuda_array_interface__"):  # cupy.ndarray
         return x.get()
     return np.asarray(x)
+
+
+def _torch_int16(tensor: Any) -> Any:
+    return importlib.import_module(type(tensor).__module__.split(".")[0]).int16
+
+
+def _values_dtype(array: np.ndarray, dtype: DType | str | None) -> np.dtype:
+    """The host dtype values are kept in: ``dtype`` if given, else the array's own where
+    it is one of ``DType``'s, else float32."""
+    if dtype is not None:
+        return DType.parse(dtype).numpy
+    own = DType.of(array)
+    return (own or DType.F32).numpy
 
 
 @dataclass(eq=False)
@@ -96,8 +157,11 @@ class NMMatrix:
         pattern: str | tuple[int, int] | Pattern,
         vec: int,
         shape: tuple[int, int],
+        dtype: DType | str | None = None,
     ) -> NMMatrix:
-        """Build from given ``values`` (``W×N``) and ``indices`` (``W×⌈N/L⌉``), validated."""
+        """Build from given ``values`` (``W×N``) and ``indices`` (``W×⌈N/L⌉``), validated.
+        The values keep their dtype (float32, bfloat16 or float16; any other becomes
+        float32) unless ``dtype`` says otherwise."""
         pat = Pattern.parse(pattern)
         k, n_cols = (int(s) for s in shape)
         _check_vec(vec)
@@ -105,7 +169,8 @@ class NMMatrix:
             raise ValueError(f"shape {shape}: K and N must be >= 1")
         w_rows = _ceil_div(k, pat.m) * pat.n
         groups = _ceil_div(n_cols, vec)
-        vals = np.ascontiguousarray(to_numpy(values), dtype=np.float32)
+        host_values = to_numpy(values)
+        vals = np.ascontiguousarray(host_values, dtype=_values_dtype(host_values, dtype))
         idx = to_numpy(indices)
         if vals.shape != (w_rows, n_cols):
             raise ValueError(
@@ -121,14 +186,19 @@ class NMMatrix:
             raise TypeError(f"indices must be integers, got {idx.dtype}")
         _validate_indices(idx.astype(np.int64), pat)
         padded_cols = groups * vec
-        vals_p = np.zeros((w_rows, padded_cols), np.float32)
+        vals_p = np.zeros((w_rows, padded_cols), vals.dtype)
         vals_p[:, :n_cols] = vals
         return cls(vals_p, idx.astype(np.uint8), pat, vec, (k, n_cols))
 
     # ---------------------------------------------------------------- public views
     @property
+    def dtype(self) -> DType:
+        """The values' dtype."""
+        return DType.of(self._values)
+
+    @property
     def values(self) -> np.ndarray:
-        """``W×N`` float32 kept values (a read-only view)."""
+        """``W×N`` kept values in the matrix's dtype (a read-only view)."""
         view = self._values[:, : self.shape[1]]
         view.flags.writeable = False
         return view
@@ -162,16 +232,17 @@ class NMMatrix:
         return window[:, None] * self.pattern.m + self._indices.astype(np.int64)
 
     def to_dense(self) -> np.ndarray:
-        """The logical ``K×N`` float32 matrix (zeros where pruned)."""
+        """The logical ``K×N`` matrix in the values' dtype (zeros where pruned)."""
         k, n_cols = self.shape
         rows = self.kept_rows()  # W×G
         cols = np.arange(self.padded_cols)
-        dense = np.zeros((self.windows * self.pattern.m, self.padded_cols), np.float32)
+        dense = np.zeros((self.windows * self.pattern.m, self.padded_cols), self._values.dtype)
         dense[rows[:, cols // self.vec], cols[None, :]] = self._values
         return dense[:k, :n_cols]
 
     def __repr__(self) -> str:
-        return f"NMMatrix(shape={self.shape}, pattern={self.pattern}, vec={self.vec})"
+        return (f"NMMatrix(shape={self.shape}, pattern={self.pattern}, vec={self.vec}, "
+                f"dtype={self.dtype.value})")
 
 
 def _check_vec(vec: int) -> None:
@@ -197,12 +268,15 @@ def prune(
     pattern: str | tuple[int, int] | Pattern,
     vec: int,
     layout: str = "kn",
+    dtype: DType | str | None = None,
 ) -> NMMatrix:
     """Prune a dense weight to vector-wise N:M, keeping the largest-L2-norm row vectors.
 
     ``layout="kn"``: ``w`` is ``K×N`` (``y = x @ w``). ``layout="nk"``: ``w`` is a
     PyTorch ``nn.Linear.weight`` ``[out, in] = [N, K]`` (``y = x @ w.T``); it is
-    transposed here so that the result multiplies as ``x @ B`` either way.
+    transposed here so that the result multiplies as ``x @ B`` either way. The values
+    keep ``w``'s dtype where it is float32, bfloat16 or float16 (others become float32),
+    or take ``dtype``; the norms are computed in float64.
     """
     pat = Pattern.parse(pattern)
     _check_vec(vec)
@@ -213,14 +287,16 @@ def prune(
         dense = dense.T
     elif layout != "kn":
         raise ValueError(f"layout {layout!r}: expected 'kn' (K×N) or 'nk' (PyTorch [out, in])")
-    dense = np.asarray(dense, dtype=np.float32)
+    dense = np.asarray(dense, dtype=_values_dtype(dense, dtype))
     k, n_cols = dense.shape
     windows, groups = _ceil_div(k, pat.m), _ceil_div(n_cols, vec)
-    padded = np.zeros((windows * pat.m, groups * vec), np.float32)
+    padded = np.zeros((windows * pat.m, groups * vec), dense.dtype)
     padded[:k, :n_cols] = dense
     # blocks[w, r, q, l] = B[w·m + r, q·L + l]
     blocks = padded.reshape(windows, pat.m, groups, vec)
-    norms = np.einsum("wrql,wrql->wqr", blocks, blocks, dtype=np.float64)  # windows×G×m
+    # bfloat16 and float16 are exact in float32, which einsum sums in float64
+    exact = blocks if blocks.dtype == np.float32 else blocks.astype(np.float32)
+    norms = np.einsum("wrql,wrql->wqr", exact, exact, dtype=np.float64)  # windows×G×m
     # Largest n norms; stable order on ties so that the choice is deterministic.
     keep = np.sort(np.argsort(-norms, axis=-1, kind="stable")[..., : pat.n], axis=-1)
     indices = keep.transpose(0, 2, 1).reshape(windows * pat.n, groups)  # W×G
@@ -242,7 +318,7 @@ def reference(a: Any, b: NMMatrix) -> Any:
         raise ValueError(f"a has shape {tuple(a64.shape)}; b is {b.shape[0]}×{b.shape[1]}")
     k = b.shape[0]
     rows = b.kept_rows()  # W×G dense row of each compressed row per group
-    values = xp.asarray(b._values, dtype=xp.float64)
+    values = xp.asarray(b._values.astype(np.float64))
     out = xp.zeros((a64.shape[0], b.padded_cols), dtype=xp.float64)
     for q in range(rows.shape[1]):
         live = rows[:, q] < k  # rows in the K padding hold zeros: skip them
@@ -253,8 +329,8 @@ def reference(a: Any, b: NMMatrix) -> Any:
 
 
 def _array_module(a: Any) -> Any:
+    """CuPy for a CuPy array (the module it came from: format imports no GPU library),
+    else NumPy."""
     if hasattr(a, "__cuda_array_interface__") and type(a).__module__.startswith("cupy"):
-        import cupy
-
-        return cupy
+        return importlib.import_module("cupy")
     return np

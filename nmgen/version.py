@@ -1,3 +1,3 @@
 """The nmgen version, stamped into every generated kernel's header."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,0 +1,2 @@
+"""``nmgen bench``: nmgen against cuBLAS on the device, and the tables and plots of its
+results."""

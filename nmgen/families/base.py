@@ -1,0 +1,195 @@
+"""The kernel-family interface: everything the tuner, the store, dispatch, the runtime, the
+bench, export and the CLI may ask of a family. They never name a family's parameters.
+
+A family owns its template(s), its configuration class (name, rules, JSON), its search
+space (declared once), its resource rules, its analytic model, its one-time weight
+preparation and its launch plan. Families register in ``nmgen.families.registry``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from ..format import DType, NMMatrix
+from ..gpus import Arch, GpuSpec
+from ..problem import ALayout, Problem
+from ..shapes import Shape
+from .plan import Call, Device, LaunchPlan
+from .space import SearchSpace
+
+
+class Config(Protocol):
+    """What every family's configuration offers (a frozen dataclass in practice)."""
+
+    family: ClassVar[str]
+    n: int
+    m: int
+    vec: int
+    a_layout: ALayout
+    arch: Arch
+
+    @property
+    def name(self) -> str:
+        """The kernel's name, stating every parameter."""
+
+    @property
+    def dtype(self) -> DType: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+    def to_json(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class PreparedWeight:
+    """A weight's kernel-side layout on the host: arrays by name (the plan's buffers).
+    ``key``: what it depends on; configurations of one key share it."""
+
+    key: Any
+    arrays: dict[str, np.ndarray]
+    seconds: float = 0.0  # host time spent preparing
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+
+class Ranker(Protocol):
+    """Feasible configurations ranked by the model for any shape (built once a space)."""
+
+    configs: Sequence[Any]
+
+    def rank(self, rows: int, cols: int, depth: int) -> list[tuple[float, Any]]:
+        """(predicted ms, configuration), fastest first, ties by name."""
+
+
+class Family(ABC):
+    """A kernel family. Subclasses set the class attributes and implement the methods."""
+
+    name: ClassVar[str]  # as records, studies and kernel names hold it, e.g. "f32"
+    title: ClassVar[str]  # for people, e.g. "FP32 SIMT (CUDA cores)"
+    dtypes: ClassVar[frozenset[DType]]
+    space: SearchSpace
+    # Named subspaces of ``space`` (for comparisons that must enumerate one)
+    subspaces: dict[str, SearchSpace] = {}
+
+    # ------------------------------------------------------------ serving
+    def serves(self, problem: Problem) -> str | None:
+        """``None`` where the family can run ``problem``; otherwise why not."""
+        if problem.dtype not in self.dtypes:
+            return f"{self.name} kernels take {', '.join(sorted(d.value for d in self.dtypes))}"
+        return None
+
+    # ------------------------------------------------------------ configuration
+    @abstractmethod
+    def config_from_dict(self, values: dict[str, Any]) -> Config:
+        """A configuration from its JSON form (``Config.to_dict``)."""
+
+    @abstractmethod
+    def config_from_name(self, name: str) -> Config | None:
+        """The configuration a kernel name states; ``None`` for another family's name."""
+
+    # ------------------------------------------------------------ resources and model
+    @abstractmethod
+    def feasible(self, config: Config, gpu: GpuSpec) -> str | None:
+        """``None`` where ``config`` runs on ``gpu``; otherwise why not."""
+
+    @abstractmethod
+    def estimate_ms(self, config: Config, gpu: GpuSpec, shape: Shape) -> float:
+        """The analytic model's time of ``config`` on ``shape`` (M, N, K)."""
+
+    @abstractmethod
+    def ranker(self, configs: Sequence[Config], gpu: GpuSpec) -> Ranker:
+        """The feasible ones of ``configs`` ranked by the model, for any shape."""
+
+    def seed_candidates(self, problem: Problem, space: SearchSpace) -> list[Config]:
+        """What the model ranks for a study's first guesses: the space's enumeration."""
+        return list(space.enumerate(problem))
+
+    def seed_shape(self, config: Config) -> tuple:
+        """What two of a study's model seeds must differ in (the tuner takes the model's
+        best configuration of each, for diverse first guesses)."""
+        return tuple(self.space.values_of(config).items())
+
+    def seed_variants(self, best: Config, space: SearchSpace) -> list[Config]:
+        """Variants of the model's best guess outside the enumeration (e.g. split-K)
+        that the tuner ranks beside it."""
+        return []
+
+    def refinements(self, config: Config) -> list[Config]:
+        """Variants of a tuned winner that a search does not reach on its own, timed by
+        ``nmgen refine`` where the model expects them faster."""
+        return []
+
+    def reference_config(self, problem: Problem) -> Config | None:
+        """A hand-picked kernel no tuned shape may fall below: timed on every shape, and
+        the winner where it is within a tie of the fastest (``nmgen.policy``)."""
+        return None
+
+    def default_config(self, problem: Problem, gpu: GpuSpec, shape: Shape) -> Config | None:
+        """The model's choice for an untuned problem."""
+        ranked = self.ranker(self.seed_candidates(problem, self.space), gpu).rank(*shape)
+        return ranked[0][1] if ranked else None
+
+    # ------------------------------------------------------------ code generation
+    @property
+    @abstractmethod
+    def templates(self) -> Path:
+        """The folder of the family's Jinja2 templates."""
+
+    @abstractmethod
+    def template_name(self, config: Config) -> str:
+        """The template that renders ``config``."""
+
+    @abstractmethod
+    def template_arguments(self, config: Config) -> dict[str, Any]:
+        """What the template reads beside ``c`` (the configuration), ``name`` and
+        ``version``."""
+
+    @abstractmethod
+    def entry_points(self, config: Config) -> tuple[str, ...]:
+        """The kernels the source defines, the main one first."""
+
+    @abstractmethod
+    def generator_files(self) -> tuple[Path, ...]:
+        """The files that turn a configuration into source (templates and the module of
+        ``template_arguments``): tuned records are keyed on their hash."""
+
+    def source_files(self) -> tuple[Path, ...]:
+        """The Python files of the family's package and of what it builds on (its space,
+        model and rules): results derived from them alone are cached on disk under their
+        hash (``nmgen.cache``)."""
+        here = Path(inspect.getfile(type(self))).resolve().parent
+        package = here.parent.parent
+        shared = (package / "families" / "space.py", package / "format.py",
+                  package / "gpus.py", package / "problem.py")
+        return tuple(sorted(here.glob("*.py"))) + tuple(p for p in shared if p.exists())
+
+    def generator_hash(self) -> str:
+        digest = hashlib.sha256()
+        for path in self.generator_files():
+            digest.update(path.read_bytes())
+        return digest.hexdigest()
+
+    # ------------------------------------------------------------ weight and launch
+    @abstractmethod
+    def prepare(self, weight: NMMatrix, config: Config) -> PreparedWeight:
+        """The weight's kernel-side layout for ``config`` (made once, on the host)."""
+
+    @abstractmethod
+    def layout_key(self, config: Config) -> Any:
+        """What ``prepare`` depends on of ``config`` (configurations of one key share one
+        prepared layout)."""
+
+    @abstractmethod
+    def plan(self, config: Config, weight: PreparedWeight, shape: tuple[int, int],
+             call: Call, device: Device) -> LaunchPlan:
+        """The launches of one call: ``shape`` is the weight's (K, N)."""

@@ -1,0 +1,131 @@
+"""A family's search space, declared once.
+
+A ``SearchSpace`` is a list of ``Param``s (name and values) and a ``SpaceMapping`` that
+turns a choice of values into the family's configuration and back. The tuner's Optuna
+parameters, the enumeration the model ranks, random sampling (the tests), subspaces (the
+exhaustive comparison) and replay all derive from it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..problem import Problem
+
+
+class ConfigError(ValueError):
+    """A configuration that breaks a rule; the message names the rule."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """One tuned parameter: its name (as Optuna and the records see it) and its values.
+
+    ``enumerated``: the values the enumeration takes (default: all); the others are
+    reached by the search and the family's seed variants only. ``share``: for a
+    parameter of values ``(False, True)``, the chance a random draw takes ``True``."""
+
+    name: str
+    choices: tuple
+    enumerated: tuple | None = None
+    share: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.choices:
+            raise ValueError(f"parameter {self.name}: no values")
+        if self.enumerated is not None and not set(self.enumerated) <= set(self.choices):
+            raise ValueError(f"parameter {self.name}: enumerated values outside its choices")
+
+
+class SpaceMapping(Protocol):
+    """What a family tells its space: the values a problem allows, configuration from
+    values and back, and a cheap early rejection (enumerations run into the millions)."""
+
+    def allowed(self, problem: Problem, param: str, choices: tuple) -> tuple:
+        """The values of ``param`` that ``problem`` allows (e.g. by A layout or arch)."""
+
+    def build(self, problem: Problem, values: dict[str, Any]) -> Any:
+        """The configuration, or ``ConfigError`` where the values break a rule."""
+
+    def values_of(self, config: Any) -> dict[str, Any]:
+        """The parameter values that build ``config``."""
+
+    def quick_reject(self, values: dict[str, Any]) -> bool:
+        """``True`` where ``build`` would surely refuse the values."""
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The parameters a family tunes; equal and hashed by family and values alone."""
+
+    family: str
+    params: tuple[Param, ...]
+    mapping: SpaceMapping = field(compare=False, repr=False)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params)
+
+    def choices(self, problem: Problem) -> dict[str, tuple]:
+        """Each parameter's values for ``problem``: Optuna's categorical space."""
+        return {p.name: self.mapping.allowed(problem, p.name, p.choices) for p in self.params}
+
+    def config(self, problem: Problem, values: dict[str, Any]) -> Any | None:
+        """The configuration of ``values``, or ``None`` where it breaks a rule."""
+        try:
+            return self.mapping.build(problem, values)
+        except ConfigError:
+            return None
+
+    def values_of(self, config: Any) -> dict[str, Any]:
+        return self.mapping.values_of(config)
+
+    def contains(self, config: Any) -> bool:
+        values = self.values_of(config)
+        return all(values[p.name] in p.choices for p in self.params)
+
+    def narrowed(self, **choices: tuple) -> SearchSpace:
+        """The same space with fewer values for the named parameters."""
+        unknown = set(choices) - set(self.names)
+        if unknown:
+            raise ValueError(f"{self.family} space has no parameter {sorted(unknown)}")
+        params = []
+        for p in self.params:
+            values = tuple(choices.get(p.name, p.choices))
+            enumerated = p.enumerated and tuple(v for v in p.enumerated if v in values)
+            params.append(Param(p.name, values, enumerated or None, p.share))
+        return SearchSpace(self.family, tuple(params), self.mapping)
+
+    def grid(self, problem: Problem, enumerated: bool = True) -> Iterator[dict[str, Any]]:
+        """Every combination of the values ``problem`` allows: the enumerated ones, or
+        (``enumerated=False``) all the tuner may ask for."""
+        columns = [tuple(v for v in self.mapping.allowed(problem, p.name, p.choices)
+                         if not enumerated or p.enumerated is None or v in p.enumerated)
+                   for p in self.params]
+        for combination in itertools.product(*columns):
+            yield dict(zip(self.names, combination, strict=True))
+
+    def enumerate(self, problem: Problem) -> Iterator[Any]:
+        """Every valid configuration of the enumerated values, in a fixed order."""
+        for values in self.grid(problem):
+            if not self.mapping.quick_reject(values):
+                config = self.config(problem, values)
+                if config is not None:
+                    yield config
+
+    def sample(self, problem: Problem, rng: random.Random, max_tries: int = 10000) -> Any:
+        """A random valid configuration (each value drawn uniformly, ``share`` for the
+        flags that have one; rejection sampling)."""
+        choices = self.choices(problem)
+        for _ in range(max_tries):
+            values = {p.name: (rng.random() < p.share if p.share is not None
+                               and set(choices[p.name]) == {False, True}
+                               else rng.choice(choices[p.name])) for p in self.params}
+            config = self.config(problem, values)
+            if config is not None:
+                return config
+        raise ConfigError(f"no valid {self.family} configuration found for {problem}")

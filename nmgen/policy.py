@@ -1,0 +1,105 @@
+"""Which stored trial wins a problem: the fastest correct one, ties broken by name, or the
+family's hand-picked reference kernel where it is within ``REFERENCE_TIE`` of that. The
+tuner, dispatch, ``show`` and ``export`` all read winners from here, so they agree."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from .families.base import Config
+from .families.registry import by_generator, config_from_dict
+from .problem import Problem
+from .store.records import ProblemKey, all_problems, shape_times
+from .store.tables import TrialStatus
+
+# The reference kernel, timed on every shape and again beside the finalists, wins where it
+# is within this fraction of the fastest: a smaller difference is within one timing's
+# spread (up to 4 % between bench and tuning runs on the H100), and no tuned shape may fall
+# below it.
+REFERENCE_TIE = 0.01
+
+
+@dataclass(frozen=True)
+class Winner:
+    config: Config
+    time_ms: float
+    shape: tuple[int, int, int]
+
+
+def pick_winner(times: list[tuple[float, str]], reference: str | None) -> tuple[float, str]:
+    """The fastest (time, name), ties broken by name; the reference kernel where its time
+    is within ``REFERENCE_TIE`` of that."""
+    fastest = min(times)
+    if reference is not None:
+        for time_ms, name in times:
+            if name == reference and time_ms <= fastest[0] * (1.0 + REFERENCE_TIE):
+                return time_ms, name
+    return fastest
+
+
+def problem_of(key: ProblemKey) -> Problem | None:
+    """The key's problem, less its shape (``None`` for an arch or layout unknown here)."""
+    try:
+        return Problem(key.n, key.m, key.vec, key.a_layout, key.arch, key.dtype)
+    except ValueError:
+        return None
+
+
+def reference_name(key: ProblemKey) -> str | None:
+    """The name of the reference kernel of the family that tuned ``key``, if any."""
+    family, problem = by_generator(key.template_hash), problem_of(key)
+    if family is None or problem is None:
+        return None
+    config = family.reference_config(problem)
+    return config.name if config is not None else None
+
+
+def best_per_problem(engine: Engine, key: ProblemKey, status: str = TrialStatus.OK
+                     ) -> dict[tuple[int, int, int], Winner]:
+    """For every tuned shape of ``key``'s problem: its winner; ``status="model"`` reads a
+    dry run's estimates instead of measurements."""
+    reference = reference_name(key)
+    winners = {}
+    for shape, trials in shape_times(engine, key, status).items():
+        time_ms, name = pick_winner([(t, n) for t, n, _ in trials], reference)
+        params = next(p for t, n, p in trials if n == name)
+        winners[shape] = Winner(config_from_dict(params), time_ms, shape)
+    return winners
+
+
+def summary(engine: Engine) -> list[dict[str, Any]]:
+    """One row per stored problem: its winner and how many trials it took. Measured
+    trials win; a problem with only a dry run's estimates shows the model's best, marked
+    ``measured: False``."""
+    out = []
+    for problem in all_problems(engine):
+        key = problem.key
+        reference = reference_name(key)
+        best = None
+        for status in (TrialStatus.OK, TrialStatus.MODEL):
+            good = {name: (t, model) for s, t, name, _, model in problem.trials if s == status}
+            if good:
+                time_ms, name = pick_winner([(t, n) for n, (t, _) in good.items()], reference)
+                best = (name, time_ms, good[name][1], status == TrialStatus.OK)
+                break
+        flops = 2.0 * key.rows * key.cols * key.depth
+        out.append({
+            "gpu": key.gpu, "family": _family_name(key), "dtype": key.dtype,
+            "pattern": f"{key.n}:{key.m}", "vec": key.vec, "a_layout": key.a_layout,
+            "shape": key.shape, "trials": len(problem.trials),
+            "ok": sum(s == TrialStatus.OK for s, *_ in problem.trials),
+            "best": best[0] if best else None,
+            "time_ms": best[1] if best else None,
+            "tflops": flops / best[1] / 1e9 if best else None,
+            "model_ms": best[2] if best else None,
+            "measured": best[3] if best else False,
+        })
+    return out
+
+
+def _family_name(key: ProblemKey) -> str:
+    family = by_generator(key.template_hash)
+    return family.name if family is not None else "?"

@@ -1,0 +1,136 @@
+"""Correctness check and timing of one problem on the device (what a tuning trial does).
+
+Random inputs (fresh per problem), a float64 reference computed once, the output
+poisoned with NaN before every checked launch, and CUDA-event timing with rotating A
+buffers when the working set fits in L2 (DESIGN §4).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..build.nvrtc import cupy
+from ..format import DType, NMMatrix, reference
+from ..problem import ALayout, Problem
+from .device import empty_like_caller, operand
+from .launch import Kernel
+from .timing import time_ms
+
+L2_BYTES = 50 * 2**20
+# Relative error (Frobenius norm, against float64 of the rounded inputs) a correct kernel
+# stays under: fp32 accumulation of K products, output rounded to the dtype.
+TOLERANCE = {DType.F32: 1e-5, DType.F16: 2e-3, DType.BF16: 1e-2}
+
+
+def tolerance(dtype: DType) -> float:
+    return TOLERANCE[dtype]
+
+
+def random_weight(rng: np.random.Generator, n: int, m: int, vec: int, depth: int,
+                  cols: int, device_values: bool = False, dtype: DType = DType.F32
+                  ) -> NMMatrix:
+    """A random N:M weight built in compressed form (pruning a large dense matrix on the
+    host costs seconds per tuned shape); ``device_values`` draws the values on the GPU
+    (drawing the 100 Llama shapes' values on the host takes minutes)."""
+    windows, groups = -(-depth // m), -(-cols // vec)
+    keep = np.sort(np.argsort(rng.random((windows, groups, m)), axis=-1)[..., :n], axis=-1)
+    indices = keep.transpose(0, 2, 1).reshape(windows * n, groups)
+    if device_values:
+        values = _device_rng(rng).standard_normal((windows * n, cols),
+                                                  dtype=np.float32).get()
+    else:
+        values = rng.standard_normal((windows * n, cols), dtype=np.float32)
+    return NMMatrix.from_compressed(values, indices, (n, m), vec, (depth, cols), dtype=dtype)
+
+
+def _device_rng(rng: np.random.Generator) -> Any:
+    """A CuPy generator seeded from ``rng``: drawing on the device is ~10x faster than on
+    the host for the large shapes, and stays reproducible from one seed."""
+    return cupy().random.RandomState(int(rng.integers(1 << 31)))
+
+
+def poisoned_error(launch: Callable[[], object], out: Any, ref: Any,
+                   ref_norm: float | None = None) -> float:
+    """Relative error of what ``launch`` writes into ``out`` (NaN-poisoned first, so an
+    element it skips shows) against the float64 ``ref``; ``inf`` for a non-finite one."""
+    cp = cupy()
+    out.fill(float("nan"))
+    launch()
+    if ref_norm is None:
+        ref_norm = max(float(cp.linalg.norm(ref)), 1e-30)
+    err = float(cp.linalg.norm(_float64(out) - ref)) / ref_norm
+    return err if np.isfinite(err) else float("inf")
+
+
+def _float64(x: Any) -> Any:
+    """A CuPy float64 copy of a CuPy array or a CUDA torch tensor."""
+    if hasattr(x, "double") and hasattr(x, "is_cuda"):  # torch
+        return cupy().asarray(x.double())
+    return x.astype(cupy().float64)
+
+
+def device_array(x: Any, dtype: DType) -> Any:
+    """A float32 CuPy array in ``dtype``: CuPy for fp32 and fp16, a torch tensor for bf16
+    (CuPy has none)."""
+    if dtype is DType.F32:
+        return x
+    if dtype is DType.F16:
+        return x.astype(cupy().float16)
+    import torch
+
+    return torch.as_tensor(x, device="cuda").to(torch.bfloat16)
+
+
+class ProblemBench:
+    """One problem (pattern, L, layout, dtype, M, N, K) with fresh random data on the
+    device."""
+
+    def __init__(self, problem: Problem, rows: int, cols: int, depth: int,
+                 seed: int | None = None):
+        rng = np.random.default_rng(seed if seed is not None
+                                    else int.from_bytes(os.urandom(4), "little"))
+        self.problem = problem
+        self.shape = (rows, cols, depth)
+        dtype = problem.dtype
+        self.weight = random_weight(rng, problem.n, problem.m, problem.vec, depth, cols,
+                                    device_values=True, dtype=dtype)
+        size = dtype.itemsize
+        working_set = size * (rows * depth + rows * cols) + self.weight.values.nbytes
+        copies = max(1, min(8, -(-2 * L2_BYTES // max(working_set, 1))))
+        device_rng = _device_rng(rng)
+        self.a_buffers = [self._make_a(device_rng, problem.a_layout) for _ in range(copies)]
+        first = self.a_buffers[0]
+        self.out = empty_like_caller(first, operand(first, "a"), (rows, cols), dtype)
+        self._ref: Any = None
+
+    def _make_a(self, device_rng: Any, layout: ALayout) -> Any:
+        rows, _, depth = self.shape
+        if layout is ALayout.ROW_MAJOR:
+            a = device_rng.standard_normal((rows, depth), dtype=np.float32)
+            return device_array(a, self.problem.dtype)
+        a = device_rng.standard_normal((depth, rows), dtype=np.float32)
+        return device_array(a, self.problem.dtype).T
+
+    def error(self, kernel: Kernel) -> float:
+        """Relative error against the float64 reference (NaN-poisoned output)."""
+        cp = cupy()
+        if self._ref is None:
+            self._ref = reference(_float64(self.a_buffers[0]), self.weight)
+            self._ref_norm = max(float(cp.linalg.norm(self._ref)), 1e-30)
+        return poisoned_error(lambda: kernel(self.a_buffers[0], self.weight, out=self.out),
+                              self.out, self._ref, self._ref_norm)
+
+    def launcher(self, kernel: Kernel) -> Callable[[int], object]:
+        """``fn(i)``: one launch of ``kernel`` on the ``i``-th A buffer (rotating)."""
+        buffers = self.a_buffers
+        return lambda i: kernel(buffers[i % len(buffers)], self.weight, out=self.out)
+
+    def time_ms(self, kernel: Kernel, warmup: int = 3, repeat: int = 15,
+                budget_ms: float = math.inf) -> float:
+        return time_ms(self.launcher(kernel), warmup=warmup, repeat=repeat,
+                       budget_ms=budget_ms)

@@ -1,0 +1,187 @@
+"""Rows and queries of the tuned database: problem keys, trials recorded and read back,
+times updated, ceilings. Which trial wins is not decided here (``nmgen.policy``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from ..version import __version__
+from .database import retry_on_race
+from .tables import CeilingRow, ConfigRow, GpuRow, ProblemRow, TrialRow
+
+
+@dataclass(frozen=True)
+class ProblemKey:
+    """Everything that changes which kernel is fastest or right."""
+
+    gpu: str
+    device_name: str
+    arch: str
+    cuda_version: int
+    sms: int
+    template_hash: str
+    n: int
+    m: int
+    vec: int
+    dtype: str
+    a_layout: str
+    rows: int
+    cols: int
+    depth: int
+
+    @classmethod
+    def of_row(cls, row: ProblemRow, template_hash: str | None = None) -> ProblemKey:
+        """The key of a stored problem (under another generator's hash if given)."""
+        gpu = row.gpu
+        return cls(gpu=gpu.name, device_name=gpu.device_name, arch=gpu.arch,
+                   cuda_version=gpu.cuda_version, sms=gpu.sms,
+                   template_hash=template_hash or row.template_hash, n=row.n, m=row.m,
+                   vec=row.vec, dtype=row.dtype, a_layout=row.a_layout, rows=row.rows,
+                   cols=row.cols, depth=row.depth)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.rows, self.cols, self.depth)
+
+    def without_shape(self) -> tuple:
+        """All but the shape: records a nearest-shape lookup may borrow from."""
+        return (self.gpu, self.arch, self.cuda_version, self.template_hash, self.n, self.m,
+                self.vec, self.dtype, self.a_layout)
+
+
+def get_or_create(session: Session, model, defaults: dict | None = None, **keys):
+    row = session.scalars(select(model).filter_by(**keys)).first()
+    if row is None:
+        row = model(**keys, **(defaults or {}))
+        session.add(row)
+        session.flush()
+    return row
+
+
+def problem_row(session: Session, key: ProblemKey) -> ProblemRow:
+    gpu = get_or_create(session, GpuRow, defaults={"device_name": key.device_name,
+                                                    "sms": key.sms},
+                         name=key.gpu, arch=key.arch, cuda_version=key.cuda_version)
+    return get_or_create(session, ProblemRow, gpu_id=gpu.id, template_hash=key.template_hash,
+                          n=key.n, m=key.m, vec=key.vec, dtype=key.dtype,
+                          a_layout=key.a_layout, rows=key.rows, cols=key.cols,
+                          depth=key.depth)
+
+
+def config_row(session: Session, config: Any, source_hash: str) -> ConfigRow:
+    return get_or_create(session, ConfigRow,
+                          defaults={"params": config.to_dict(), "nmgen_version": __version__},
+                          name=config.name, source_hash=source_hash)
+
+
+def record_trial(engine: Engine, key: ProblemKey, config: Any, source_hash: str,
+                 status: str, time_ms: float | None = None, model_ms: float | None = None,
+                 error: str | None = None) -> tuple[str, float | None]:
+    """Store one result; returns the (status, time) the database holds for this
+    configuration and problem: another worker's, where it was first."""
+    flops = 2.0 * key.rows * key.cols * key.depth
+
+    def insert() -> tuple[str, float | None]:
+        with Session(engine) as session, session.begin():
+            problem = problem_row(session, key)
+            cfg = config_row(session, config, source_hash)
+            held = session.execute(select(TrialRow.status, TrialRow.time_ms).where(
+                TrialRow.problem_id == problem.id, TrialRow.config_id == cfg.id)).first()
+            if held is not None:
+                return held.status, held.time_ms
+            session.add(TrialRow(problem_id=problem.id, config_id=cfg.id, status=status,
+                                 time_ms=time_ms, model_ms=model_ms, error=error,
+                                 tflops=flops / time_ms / 1e9 if time_ms else None))
+        return status, time_ms
+
+    # Another worker may insert the same unique row first: the retry then reads it.
+    return retry_on_race(insert, attempts=4, errors=(IntegrityError,), delay_s=0.0)
+
+
+def update_times(engine: Engine, key: ProblemKey, times: dict[str, float]) -> None:
+    """Replace the stored time of each named configuration of ``key``'s problem (a second,
+    fairer timing of the finalists; see ``nmgen.tune.tuner.Tuner.confirm``)."""
+    flops = 2.0 * key.rows * key.cols * key.depth
+    with Session(engine) as session, session.begin():
+        for row in session.scalars(
+                select(TrialRow).join(TrialRow.problem).join(ProblemRow.gpu)
+                .join(TrialRow.config_row)
+                .where(*_problem_filter(key), ProblemRow.rows == key.rows,
+                       ProblemRow.cols == key.cols, ProblemRow.depth == key.depth,
+                       ConfigRow.name.in_(list(times)))):
+            row.time_ms = times[row.config_row.name]
+            row.tflops = flops / row.time_ms / 1e9
+
+
+def _problem_filter(key: ProblemKey):
+    return (GpuRow.name == key.gpu, GpuRow.arch == key.arch,
+            GpuRow.cuda_version == key.cuda_version,
+            ProblemRow.template_hash == key.template_hash, ProblemRow.n == key.n,
+            ProblemRow.m == key.m, ProblemRow.vec == key.vec, ProblemRow.dtype == key.dtype,
+            ProblemRow.a_layout == key.a_layout)
+
+
+def trials_of(engine: Engine, key: ProblemKey) -> list[TrialRow]:
+    with Session(engine) as session:
+        stmt = (select(TrialRow).join(TrialRow.problem).join(ProblemRow.gpu)
+                .where(*_problem_filter(key), ProblemRow.rows == key.rows,
+                       ProblemRow.cols == key.cols, ProblemRow.depth == key.depth))
+        rows = list(session.scalars(stmt))
+        for row in rows:  # load while the session is open
+            _ = row.config_row.name
+        return rows
+
+
+def record_ceilings(engine: Engine, gpu: str, device_name: str, fp32_tflops: float,
+                    dram_gbs: float) -> None:
+    with Session(engine) as session, session.begin():
+        session.add(CeilingRow(gpu=gpu, device_name=device_name, fp32_tflops=fp32_tflops,
+                               dram_gbs=dram_gbs))
+
+
+def latest_ceilings(engine: Engine, gpu: str) -> CeilingRow | None:
+    with Session(engine) as session:
+        return session.scalars(select(CeilingRow).where(CeilingRow.gpu == gpu)
+                               .order_by(CeilingRow.measured.desc(), CeilingRow.id.desc())
+                               ).first()
+
+
+def shape_times(engine: Engine, key: ProblemKey, status: str
+                ) -> dict[tuple[int, int, int], list[tuple[float, str, dict]]]:
+    """For every shape of ``key``'s family of problems (all but the shape): the (time,
+    name, parameters) of each of its trials of ``status``."""
+    stmt = (select(ProblemRow.rows, ProblemRow.cols, ProblemRow.depth, TrialRow.time_ms,
+                   ConfigRow.name, ConfigRow.params)
+            .join(TrialRow.problem).join(ProblemRow.gpu).join(TrialRow.config_row)
+            .where(*_problem_filter(key), TrialRow.status == status))
+    times: dict[tuple[int, int, int], list[tuple[float, str, dict]]] = {}
+    with Session(engine) as session:
+        for rows, cols, depth, time_ms, name, params in session.execute(stmt):
+            times.setdefault((rows, cols, depth), []).append((time_ms, name, params))
+    return times
+
+
+@dataclass(frozen=True)
+class ProblemTrials:
+    """A stored problem with its trials: (status, time, name, parameters, model time)."""
+
+    key: ProblemKey
+    trials: list[tuple[str, float | None, str, dict, float | None]]
+
+
+def all_problems(engine: Engine) -> list[ProblemTrials]:
+    """Every stored problem and its trials."""
+    out = []
+    with Session(engine) as session:
+        for problem in session.scalars(select(ProblemRow)):
+            trials = [(t.status, t.time_ms, t.config_row.name, t.config_row.params, t.model_ms)
+                      for t in session.scalars(select(TrialRow).where(
+                          TrialRow.problem_id == problem.id))]
+            out.append(ProblemTrials(ProblemKey.of_row(problem), trials))
+    return out

@@ -1,0 +1,140 @@
+"""A tuning run as the ``nmgen tune`` command starts it: the worker of this process, or one
+worker process a GPU (``--devices``) under a supervisor, and the dry run's report."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+from ..families.registry import config_from_dict
+from ..store.database import connect
+from ..store.tables import TrialStatus
+from .studies import open_storage
+from .tuner import Tuner, compile_report, default_ahead_workers
+from .workers import run_worker, supervise
+
+
+def process_age() -> float:
+    """Seconds since this process started (Linux: /proc), imports included."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return math.nan
+
+
+def device_list(text: str | None) -> list[str]:
+    """The ``CUDA_VISIBLE_DEVICES`` value of each worker that ``--devices`` asks for: its
+    indices count the GPUs this process sees, so under ``CUDA_VISIBLE_DEVICES=2,3``,
+    ``0,1`` and ``all`` both mean GPUs 2 and 3."""
+    if not text:
+        return []
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = None if env is None else [d.strip() for d in env.split(",") if d.strip()]
+    if text == "all":
+        if visible is None:
+            from ..runtime.device import device_count
+
+            visible = [str(i) for i in range(device_count())]
+        if not visible:
+            raise RuntimeError("--devices all: no CUDA GPU found"
+                               + (f" (CUDA_VISIBLE_DEVICES={env!r})" if env is not None else ""))
+        return visible
+    wanted = [d.strip() for d in text.split(",") if d.strip()]
+    twice = sorted({d for d in wanted if wanted.count(d) > 1})
+    if twice:
+        raise ValueError(f"--devices {text}: GPU {','.join(twice)} named twice (one worker a GPU)")
+    if visible is None:
+        return wanted
+    bad = [d for d in wanted if not (d.isdigit() and int(d) < len(visible))]
+    if bad:
+        raise ValueError(f"--devices {','.join(bad)}: not an index of the {len(visible)} GPUs "
+                         f"that CUDA_VISIBLE_DEVICES={env} leaves visible")
+    return [visible[int(d)] for d in wanted]
+
+
+def tune_on_devices(args: argparse.Namespace, devices: list[str], db_url: str,
+               storage_url: str) -> int:
+    connect(db_url)  # tables and storage made once, before the workers race to make them
+    open_storage(storage_url)
+
+    def child_argv(index: int, _device: str) -> list[str]:
+        argv = ["tune", "--gpu", args.gpu, "--shapes", str(args.shapes), "--pattern",
+                args.pattern, "--vec", str(args.vec), "--layout", args.layout, "--dtype",
+                args.dtype, *(["--family", args.family] if args.family else []), "--trials",
+                str(args.trials), "--db", db_url, "--storage", storage_url,
+                "--worker-index", str(index), "--worker-count", str(len(devices)),
+                "--compile-top", str(args.compile_top)]
+        if math.isfinite(args.time_budget):
+            argv += ["--time-budget", str(args.time_budget)]
+        for option, value in (("--compile-workers", args.compile_workers),
+                              ("--ahead-workers", args.ahead_workers),
+                              ("--in-flight", args.in_flight)):
+            argv += [option, str(value)] if value is not None else []
+        return argv + (["--dry-run"] if args.dry_run else [])
+
+    start = time.monotonic()
+    code = supervise(child_argv, devices, storage_url,
+                     lambda s: print(f"nmgen tune: {s}", file=sys.stderr, flush=True))
+    print(f"{len(devices)} workers finished in {time.monotonic() - start:.1f} s "
+          f"(storage {storage_url}, results in {db_url})")
+    return code
+
+
+def tune_here(args: argparse.Namespace, tasks: list, db_url: str, storage_url: str) -> int:
+    if not args.dry_run:
+        from ..gpus import check_device
+        from ..runtime.device import device_info
+
+        info = device_info()
+        check_device(tasks[0].gpu, info.name, info.sms, info.major, info.minor)
+    prefix = f"[worker {args.worker_index}] " if args.worker_count > 1 else ""
+    workers = Tuner.workers if args.compile_workers is None else args.compile_workers
+    ahead = default_ahead_workers(workers) if args.ahead_workers is None else args.ahead_workers
+    tuner = Tuner(connect(db_url), open_storage(storage_url), trials=args.trials,
+                  dry_run=args.dry_run, seed=args.worker_index, workers=workers,
+                  ahead_workers=0 if args.dry_run else ahead,
+                  in_flight=args.in_flight or Tuner.in_flight,
+                  log=lambda s: print(prefix + s, file=sys.stderr, flush=True))
+    if not args.dry_run:
+        tuner.log(f"set up {process_age():.1f} s after the process started; compile "
+                  f"processes: {workers} for the batches timed next, {ahead} for the next "
+                  f"studies' seeds; {tuner.in_flight} studies at once")
+    try:
+        report = run_worker(tuner, tasks, args.time_budget, args.worker_index,
+                            args.worker_count, log=tuner.log)
+    finally:
+        closing = time.monotonic()
+        tuner.close()
+    print(f"{prefix}worked on {report.studies} problems; {report.complete} of "
+          f"{report.total} complete; {report.seconds:.1f} s ({report.phases}); "
+          f"compile processes closed in {time.monotonic() - closing:.1f} s; "
+          f"results in {db_url}")
+    if (summary := tuner.compile_summary()) is not None:
+        print(prefix + summary)
+    if args.dry_run and args.compile_top > 0:
+        print_dry_run(tuner, tasks, args.compile_top)
+    return 0
+
+
+def print_dry_run(tuner, tasks: list, top: int) -> None:
+    """The model's best configurations of each problem, compiled with nvcc."""
+    from ..store.records import trials_of
+    from .measurers import ModelMeasurer
+
+    for i, task in enumerate(tasks, 1):
+        print(f"[{i}/{len(tasks)}] {tuner.study_name(task)}", flush=True)
+        rows = [r for r in trials_of(tuner.engine, ModelMeasurer(task).key)
+                if r.status == TrialStatus.MODEL]
+        rows.sort(key=lambda r: (r.time_ms, r.config_row.name))
+        best = rows[:top]
+        compiled = compile_report([config_from_dict(r.config_row.params) for r in best])
+        for rank, (row, res) in enumerate(zip(best, compiled, strict=True), 1):
+            print(f"  {rank}. {res['config']}  model {row.time_ms:.4f} ms "
+                  f"regs={res['registers']} spills={res['spills']}")
+
+

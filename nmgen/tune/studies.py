@@ -1,0 +1,269 @@
+"""Optuna storages that several tuning workers share, and what keeps them honest.
+
+- One process: the RDB storage at the tuned database's URL (SQLite by default).
+- Several workers on one host: Optuna's journal storage (``journal:PATH``, a file with a
+  lock), the default for ``--devices`` when the database is SQLite.
+- Several hosts: an RDB storage on a database server (``postgresql+psycopg://...``).
+
+A worker that dies must not leave a trial running forever. On an RDB storage Optuna's
+heartbeats do it: every running trial beats while it is measured, and any worker fails
+trials whose beat went stale and enqueues a retry. The journal storage has no
+heartbeats, so there the parent of the ``--devices`` workers does the same for a child
+that exits abnormally (:func:`fail_orphans`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import threading
+import warnings
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+
+import optuna
+from optuna.storages import (
+    BaseStorage,
+    JournalStorage,
+    RDBStorage,
+    RetryHeartbeatStaleTrialCallback,
+)
+from optuna.storages._heartbeat import BaseHeartbeat
+from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+from optuna.trial import TrialState
+
+from ..store.database import retry_on_race
+
+JOURNAL_PREFIX = "journal:"
+# Seconds between heartbeats, and without one before a trial counts as dead (the tests
+# shorten both through the environment).
+HEARTBEAT_S = int(os.environ.get("NMGEN_HEARTBEAT_S", "5"))
+GRACE_S = int(os.environ.get("NMGEN_HEARTBEAT_GRACE_S", "30"))
+MAX_RETRY = 3
+
+
+class StorageError(ValueError):
+    """A storage that cannot serve the requested workers."""
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Optuna marks heartbeats experimental and warns when they are used without
+    ``Study.optimize``; nmgen uses them through ask-and-tell on purpose."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.filterwarnings("ignore", message="Heartbeat of storage")
+        yield
+
+
+def ask(study: optuna.Study) -> optuna.Trial:
+    """A new trial, beating at once: Optuna counts a running trial as stale only once it
+    has a heartbeat, so a worker killed before the first beat would leave it forever."""
+    with _quiet():
+        trial = study.ask()
+    if uses_heartbeats(study._storage):
+        study._storage.record_heartbeat(trial._trial_id)
+    return trial
+
+
+def worker_id() -> str:
+    """Who runs a trial: stored on it so that a dead worker's trials can be found."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def is_sqlite(url: str) -> bool:
+    return url.startswith("sqlite")
+
+
+def default_storage_url(db_url: str) -> str:
+    """A journal file beside a SQLite database (safe for the workers of one host; for one
+    worker faster than Optuna's RDB storage on SQLite, which commits every parameter:
+    results/storage_dryrun); the database server itself when there is one."""
+    if is_sqlite(db_url):
+        path = db_url.split("///", 1)[1] if "///" in db_url else "nmgen-optuna"
+        return f"{JOURNAL_PREFIX}{path}.optuna-journal"
+    return db_url
+
+
+def check_storage(url: str, workers: int) -> None:
+    if workers > 1 and is_sqlite(url):
+        raise StorageError(
+            f"--storage {url}: Optuna's RDB storage on SQLite is not safe for {workers} "
+            "worker processes; use --storage journal:PATH (one host) or a database server "
+            "URL such as postgresql+psycopg://user@host/db (several hosts)")
+
+
+def open_storage(url: str, heartbeat_s: int = HEARTBEAT_S,
+                 grace_s: int = GRACE_S) -> BaseStorage:
+    if url.startswith(JOURNAL_PREFIX):
+        return JournalStorage(JournalFile(url[len(JOURNAL_PREFIX):]))
+    if is_sqlite(url):  # one writer: no heartbeats needed
+        return RDBStorage(url)
+    def rdb() -> RDBStorage:
+        with _quiet():
+            retry = RetryHeartbeatStaleTrialCallback(MAX_RETRY)
+            return RDBStorage(url, heartbeat_interval=heartbeat_s, grace_period=grace_s,
+                              heartbeat_stale_trial_callback=retry)
+
+    # Fresh database: workers starting together race to make the tables.
+    return retry_on_race(rdb, attempts=5, delay_s=0.5)
+
+
+class JournalFlock(JournalFileOpenLock):
+    """The journal's lock as an advisory ``flock`` on a file beside it: the waiting worker
+    sleeps in the kernel until the lock is free, where Optuna's file locks make and remove
+    a file or symlink and poll. ``flock`` excludes other processes (local file systems:
+    the journal serves one host's workers); a thread lock, this process's other threads."""
+
+    def __init__(self, journal_path: str) -> None:  # none of the parent's lock-file state
+        self._path = journal_path + ".flock"
+        self._fd: int | None = None
+        self._threads = threading.Lock()
+
+    def acquire(self) -> bool:
+        self._threads.acquire()
+        try:
+            fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            self._threads.release()
+            raise
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        try:
+            if fd is not None:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+        finally:
+            self._threads.release()
+
+
+class JournalFile(JournalFileBackend):
+    """Optuna's journal file without an ``fsync`` after each record. Optuna writes a
+    record for every parameter a trial suggests, and the syncs were about half of a
+    worker's Optuna time, more with two workers on one disk (results/storage_dryrun/).
+    A record is in the operating system's hands once written, so a killed worker still
+    loses nothing; only a crash of the host itself could."""
+
+    def __init__(self, file_path: str) -> None:
+        super().__init__(file_path, JournalFlock(file_path))
+
+    def append_logs(self, logs: list[dict]) -> None:
+        text = "".join(json.dumps(log, separators=(",", ":")) + "\n" for log in logs)
+        self._lock.acquire()
+        try:
+            with open(self._file_path, "ab") as f:
+                f.write(text.encode("utf-8"))
+        finally:
+            self._lock.release()
+
+
+def uses_heartbeats(storage: BaseStorage) -> bool:
+    """True for an RDB storage with heartbeats, also behind Optuna's caching wrapper."""
+    return isinstance(storage, BaseHeartbeat) and storage.get_heartbeat_interval() is not None
+
+
+@contextmanager
+def heartbeat(storage: BaseStorage, trials: Iterable[optuna.Trial]) -> Iterator[None]:
+    """Beat for ``trials`` from a background thread while the block runs (a batch's
+    compile and measurement can take longer than the grace period)."""
+    if not uses_heartbeats(storage):
+        yield
+        return
+    ids = [t._trial_id for t in trials]
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            for trial_id in ids:
+                storage.record_heartbeat(trial_id)
+            if stop.wait(HEARTBEAT_S):
+                return
+
+    thread = threading.Thread(target=beat, daemon=True, name="nmgen-heartbeat")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def fail_stale(study: optuna.Study) -> None:
+    """Fail trials whose worker stopped beating (RDB storages) and enqueue their retry."""
+    if uses_heartbeats(study._storage):
+        _beat_unbeaten(study)
+    with _quiet():
+        optuna.storages.fail_stale_trials(study)
+
+
+def _beat_unbeaten(study: optuna.Study) -> None:
+    """A worker killed between asking a trial and its first heartbeat (``ask``) leaves a
+    running trial that Optuna never counts stale, as it fails only trials whose heartbeat
+    went stale; the other workers then wait for it for ever (1 run in 12 of
+    ``test_killed_worker_loses_nothing_and_its_trial_is_redone``). Such a trial, once
+    older than the grace period, gets a first heartbeat here: nobody beats it again, so a
+    later check fails it and enqueues its retry. (The heartbeat table is Optuna's own.)"""
+    from optuna.storages._rdb.models import TrialHeartbeatModel
+    from sqlalchemy import select
+
+    rdb = getattr(study._storage, "_backend", study._storage)  # behind the caching wrapper
+    grace = rdb.grace_period or 2 * rdb.heartbeat_interval
+    cutoff = datetime.now() - timedelta(seconds=grace)  # datetime_start: local, naive
+    old = [t._trial_id for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+           if t.datetime_start is not None and t.datetime_start < cutoff]
+    if not old:
+        return
+    with rdb.engine.connect() as conn:
+        beaten = set(conn.scalars(select(TrialHeartbeatModel.trial_id)
+                                  .where(TrialHeartbeatModel.trial_id.in_(old))))
+    for trial_id in old:
+        if trial_id not in beaten:
+            rdb.record_heartbeat(trial_id)
+
+
+def give_back_waiting(study: optuna.Study, trials: int) -> int:
+    """Fail, unmeasured (user attribute ``surplus``), the enqueued trials still waiting in
+    a study that has its ``trials`` complete; returns how many. A worker that opens a study
+    late enqueues the seeds its database suggests then (other shapes' winners, which change
+    as they are tuned); where the study is already full no worker asks for them, and they
+    would wait for ever. Nobody asks in a full study, so none of them can be taken
+    meanwhile."""
+    if len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) < trials:
+        return 0
+    storage = study._storage
+    given = 0
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        try:
+            storage.set_trial_user_attr(trial._trial_id, "surplus", True)
+            storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue
+        given += 1
+    return given
+
+
+def fail_orphans(storage: BaseStorage, dead_worker: str) -> int:
+    """Fail the running trials of a worker known to be dead, enqueue a retry of each
+    (what heartbeats do on an RDB storage); returns how many."""
+    with _quiet():
+        retry = RetryHeartbeatStaleTrialCallback(MAX_RETRY)
+    failed = 0
+    for summary in storage.get_all_studies():
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if trial.user_attrs.get("worker") != dead_worker:
+                continue
+            try:
+                storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue
+            retry(study, storage.get_trial(trial._trial_id))
+            failed += 1
+    return failed

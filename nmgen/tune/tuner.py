@@ -1,0 +1,467 @@
+"""The tuner: one Optuna study per (GPU, family, dtype, pattern, L, A layout, shape).
+
+The family's space gives the study its parameters; its model removes infeasible
+configurations before anything is compiled (they reach Optuna as constraint violations,
+not failed trials) and seeds every study with its best guesses, beside the family's
+reference kernel and the winners of shapes already tuned. Trials come in batches: the
+batch compiles in a process pool, then each kernel is checked against the float64
+reference once and timed with CUDA events, one at a time. Studies live in an Optuna
+storage (a journal beside a SQLite database by default), so a re-run resumes. The winner
+is read through ``nmgen.policy``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Generator, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from sqlalchemy.engine import Engine
+
+from ..cache import cache_file, load_or_build
+from ..codegen import render
+from ..families.base import Config, Ranker
+from ..families.registry import config_from_dict
+from ..policy import Winner, best_per_problem
+from ..shapes import shape_distance
+from ..store.records import ProblemKey, record_trial, trials_of, update_times
+from ..store.tables import GOOD, TrialStatus
+from .measurers import INFEASIBLE_MS, GpuMeasurer, ModelMeasurer
+from .task import TuneTask
+
+SEEDS_FROM_MODEL = 6
+SEEDS_FROM_TUNED = 3
+# Finalists: the fastest few of a problem are timed again, in turns, before one wins. One
+# timing a configuration picks the luckiest of dozens (bench and tuning runs disagreed by
+# up to 78 % on short problems); the family's reference kernel is always among them.
+FINALISTS = 3
+FINAL_ROUNDS = 3
+FINAL_BUDGET_MS = 200.0  # GPU time a confirmation aims at: big problems get fewer repeats
+AHEAD_STUDIES = 3  # studies whose seeds compile ahead, in the spare processes
+
+
+def default_ahead_workers(compile_workers: int) -> int:
+    """Compile processes left over on this host once every local worker (the
+    ``NMGEN_LOCAL_WORKERS`` that ``--devices`` starts) has its ``compile_workers`` and a
+    core of its own; no more than ``compile_workers`` (three studies' seeds are ~30
+    kernels: more processes would mostly wait)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    local = max(1, int(os.environ.get("NMGEN_LOCAL_WORKERS", "1")))
+    return max(0, min(compile_workers, (cpus or 1) // local - compile_workers - 1))
+
+
+def suggest_config(trial: optuna.Trial, task: TuneTask) -> Config | None:
+    """The trial's configuration, or ``None`` where the values break a rule."""
+    values = {name: trial.suggest_categorical(name, choices)
+              for name, choices in task.space.choices(task.problem).items()}
+    return task.space.config(task.problem, values)
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, value: float, violation: float) -> None:
+    """Report a result; ``violation > 0`` marks it infeasible (a constraint, not a failure)."""
+    trial.set_constraint("valid", violation)
+    trial.set_user_attr("violation", violation)
+    study.tell(trial, value)
+
+
+@functools.lru_cache(maxsize=64)
+def _seed_table(task: TuneTask) -> Ranker:
+    """Where a study's model seeds come from: the family's seed candidates ranked by its
+    model, built once a problem and space and ranked for each shape (in a few
+    milliseconds; ranking afresh took 0.3-0.4 s a study). Kept on disk too: building it
+    took ~1 s before every worker's first study."""
+    family, problem, space = task.family, task.problem, task.space
+
+    def build() -> Ranker:
+        candidates = [c for c in family.seed_candidates(problem, space) if space.contains(c)]
+        return family.ranker(candidates, task.gpu)
+
+    sources = family.source_files()
+    path = cache_file("rank", (family.name, task.gpu, problem, space), sources)
+    return load_or_build(path, build, object)
+
+
+@functools.lru_cache(maxsize=1024)
+def model_seeds(task: TuneTask, count: int) -> tuple[Config, ...]:
+    """The model's best feasible configurations, one a seed shape, and the best of the
+    family's variants of the first where the model expects it faster; cached, as a
+    study's seeds are asked for ahead of it (compile ahead) and again when it runs."""
+    ranked = _seed_table(task).rank(*task.shape)
+    seeds: list[Config] = []
+    shapes_seen: set[tuple] = set()
+    for _, config in ranked:  # one configuration a seed shape: diverse first guesses
+        shape = task.family.seed_shape(config)
+        if shape not in shapes_seen:
+            shapes_seen.add(shape)
+            seeds.append(config)
+        if len(seeds) == count:
+            break
+    if seeds:
+        variants = task.family.seed_variants(seeds[0], task.space)
+        best_variant = task.family.ranker(variants, task.gpu).rank(*task.shape)
+        if best_variant and best_variant[0][0] < ranked[0][0]:
+            seeds.insert(1, best_variant[0][1])
+    return tuple(seeds[:count])
+
+
+# ------------------------------------------------------------------ running
+@dataclass
+class Phases:
+    """Where a study's time went, in seconds: setup (study, seeds), optuna (ask, suggest,
+    tell), compile, data (the problem on the device), measure (check, time, record)."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.add(phase, time.monotonic() - start)
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+
+    def __str__(self) -> str:
+        return ", ".join(f"{k} {v:.2f} s" for k, v in self.seconds.items())
+
+
+@dataclass
+class TuneReport:
+    task: TuneTask
+    trials: int
+    measured: int
+    winner: Winner | None
+    seconds: float
+    statuses: dict[str, int] = field(default_factory=dict)
+    phases: Phases = field(default_factory=Phases)
+
+
+PLANNED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING)
+
+
+def run_steps(steps: Generator[Any, None, TuneReport]) -> TuneReport:
+    """Run ``Tuner.tune_steps`` to its end, one study alone."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value
+
+
+@dataclass
+class Tuner:
+    """Fills one study per problem up to ``trials`` complete trials. Several tuners (in
+    several processes or hosts) may fill the same study through a shared storage: each
+    asks only for what is not yet done or running, and a trial asked beyond the plan in
+    a race is given back unmeasured (state FAIL, user attribute ``surplus``)."""
+
+    engine: Engine
+    storage: Any  # optuna BaseStorage or URL
+    trials: int = 40
+    batch: int = 8
+    workers: int = 8
+    ahead_workers: int = 0  # compile processes for the next studies' seeds (0: none)
+    # Studies a worker keeps going at once (workers.run_worker): eight took 0.78 of three's
+    # wall on the H100 (results/tune_speed_h100/README.md, run 12); more gained nothing.
+    in_flight: int = 8
+    dry_run: bool = False
+    seed: int = 0
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)
+    _compile_pool: Any = None
+    _ahead_done: set = field(default_factory=set)  # study names whose seeds are queued
+
+    def study_name(self, task: TuneTask) -> str:
+        return ("model-" if self.dry_run else "") + task.study_name
+
+    def open_work(self, task: TuneTask) -> tuple[int, int]:
+        """(complete, running) trials of ``task``'s study, (0, 0) before it exists."""
+        from .studies import fail_stale
+
+        try:
+            study = optuna.load_study(study_name=self.study_name(task), storage=self.storage)
+        except KeyError:
+            return 0, 0
+        fail_stale(study)
+        states = [t.state for t in study.get_trials(deepcopy=False, states=PLANNED)]
+        running = states.count(optuna.trial.TrialState.RUNNING)
+        return len(states) - running, running
+
+    def measurer(self, task: TuneTask):
+        return ModelMeasurer(task) if self.dry_run else GpuMeasurer(task, self._pool())
+
+    def tune(self, task: TuneTask, time_budget_s: float = math.inf) -> TuneReport:
+        """Fill ``task``'s study (within ``time_budget_s``, at least one batch)."""
+        return run_steps(self.tune_steps(task, time_budget_s))
+
+    def tune_steps(self, task: TuneTask, time_budget_s: float = math.inf
+                   ) -> Generator[Any, None, TuneReport]:
+        """``tune``, one batch at a time: yields each batch once its kernels are compiling
+        (the object yielded has ``done()``) and, resumed, waits for them, measures and
+        tells Optuna; returns the report. A worker measures one study's batch while
+        another's compiles (``workers.run_worker``)."""
+        start = time.monotonic()
+        phases = Phases()
+        with phases("setup"):
+            measurer = self.measurer(task)
+            study = self._study(task, measurer.key)
+        statuses: dict[str, int] = {}
+        batches = 0
+        # The first batch (the model's seeds) always runs: every shape gets a winner, even
+        # when setting the problem up used its share of the budget.
+        while batches == 0 or time.monotonic() - start < time_budget_s:
+            wanted = min(self.batch, self.trials - self._planned(study))
+            if wanted <= 0:
+                break
+            batches += 1
+            yield from self._run_batch(study, task, measurer, wanted, statuses, phases)
+        measured = statuses.get(TrialStatus.OK, 0) + statuses.get(TrialStatus.MODEL, 0)
+        if measured:  # new results here: the finalists may have changed
+            with phases("confirm"):
+                self.confirm(task, measurer)
+        data_s = getattr(measurer, "data_s", 0.0)  # measured inside the first measurement
+        if data_s:
+            phases.add("measure", -data_s)
+            phases.add("data", data_s)
+        winner = best_per_problem(self.engine, measurer.key,
+                                  TrialStatus.MODEL if self.dry_run else TrialStatus.OK
+                                  ).get((task.rows, task.cols, task.depth))
+        report = TuneReport(task, self._done(study), measured, winner,
+                            time.monotonic() - start, statuses, phases)
+        self.log(f"{self.study_name(task)}: {report.trials} trials ({measured} measured "
+                 "here), " + (f"best {winner.time_ms:.4f} ms {winner.config.name}" if winner
+                              else "no correct kernel") + f" [{report.seconds:.2f} s: {phases}]")
+        return report
+
+    def remeasure(self, task: TuneTask, configs: Sequence[Config],
+                  measurer=None) -> Winner | None:
+        """Measure ``configs`` on ``task``'s problem where the database holds no result of
+        them yet (kernels whose source a generator change altered: ``carry``), then time
+        the finalists again in turns (``confirm``). Returns the problem's winner."""
+        measurer = measurer or self.measurer(task)
+        known = self._known(measurer.key)
+        fresh = [c for c in dict.fromkeys(configs)
+                 if c.name not in known and task.family.feasible(c, task.gpu) is None]
+        measurer.prepare(fresh)
+        for config in fresh:
+            self._outcome(task, measurer, config, known)
+        if fresh:
+            self.confirm(task, measurer)
+        status = TrialStatus.MODEL if self.dry_run else TrialStatus.OK
+        return best_per_problem(self.engine, measurer.key, status).get(
+            (task.rows, task.cols, task.depth))
+
+    def cross_check(self, task: TuneTask) -> tuple[Winner | None, Winner | None]:
+        """Once every study has its trials: measure on ``task``'s problem the winners of
+        its nearest tuned shapes that it has not tried (shapes tuned after it, or beside
+        it by another worker), then time the finalists again. Their kernels are compiled
+        already, so this costs a few timings a shape, and a winner depends less on the
+        order the shapes were tuned in: with two workers, a worker's first shape has no
+        tuned neighbours to start from (results/scale_h200x2/README.md, run 13 on).
+        Returns the problem's winner before and after."""
+        measurer = self.measurer(task)
+        status = TrialStatus.MODEL if self.dry_run else TrialStatus.OK
+        shape = (task.rows, task.cols, task.depth)
+        before = best_per_problem(self.engine, measurer.key, status).get(shape)
+        neighbours = [c for c in self.neighbours(task, measurer.key) if task.space.contains(c)]
+        return before, self.remeasure(task, neighbours, measurer)
+
+    def compile_ahead(self, tasks: Sequence[TuneTask]) -> int:
+        """Queue the seeds of ``tasks`` (the studies to come) for the spare compile
+        processes, once a study; returns how many kernels were queued."""
+        if self.dry_run or self.ahead_workers <= 0:
+            return 0
+        new = [t for t in tasks if t.study_name not in self._ahead_done]
+        # Every study starts with the reference kernel, the slowest of its seeds to compile: it
+        # goes first, as it needs no ranking of the space (the first ranking takes seconds).
+        queued = self._pool().ahead([c for t in new for c in _feasible(t, _reference_seed(t))])
+        for task in new:
+            self._ahead_done.add(task.study_name)
+            key = GpuMeasurer.key_of(task)
+            queued += self._pool().ahead(_feasible(task, self.seeds(task, key)))
+        return queued
+
+    def confirm(self, task: TuneTask, measurer) -> dict[str, float]:
+        """Time the problem's ``FINALISTS`` fastest correct configurations and the reference
+        kernel again, ``FINAL_ROUNDS`` times in turns, and store the medians: the winner is
+        then read from these fairer times. Returns them."""
+        good = sorted((row.time_ms, row.config_row.name, row.config_row.params)
+                      for row in trials_of(self.engine, measurer.key) if row.status in GOOD)
+        finalists = {name: params for _, name, params in good[:FINALISTS]}
+        reference = task.family.reference_config(task.problem)
+        if reference is not None:
+            finalists.update((name, params) for _, name, params in good
+                             if name == reference.name)
+        if len(finalists) < 2:
+            return {}
+        slowest = max(t for t, name, _ in good if name in finalists)
+        repeat = int(FINAL_BUDGET_MS / (len(finalists) * FINAL_ROUNDS * max(slowest, 1e-3)))
+        try:
+            times = measurer.retime([config_from_dict(p) for p in finalists.values()],
+                                    FINAL_ROUNDS, max(3, min(15, repeat)))
+        except Exception as exc:  # the earlier timings stand; the tuning goes on
+            self.log(f"{self.study_name(task)}: finalists not timed again: "
+                     f"{type(exc).__name__}: {exc}")
+            return {}
+        update_times(self.engine, measurer.key, times)
+        return times
+
+    def _run_batch(self, study: optuna.Study, task: TuneTask, measurer, wanted: int,
+                   statuses: dict[str, int], phases: Phases) -> Generator[Any, None, None]:
+        from .studies import ask, heartbeat, worker_id
+
+        with phases("optuna"):
+            asked = [ask(study) for _ in range(wanted)]
+        with heartbeat(study._storage, asked):
+            with phases("optuna"):
+                for trial in self._give_back_surplus(study, asked):
+                    asked.remove(trial)
+                for trial in asked:
+                    trial.set_user_attr("worker", worker_id())
+                configs = [suggest_config(t, task) for t in asked]
+            with phases("measure"):
+                known = self._known(measurer.key)
+            fresh = {c.name: c for c in configs if c is not None and c.name not in known
+                     and task.family.feasible(c, task.gpu) is None}
+            with phases("compile"):
+                compiling = measurer.submit(list(fresh.values()))
+            yield compiling
+            with phases("compile"):  # what is left of it once the other studies had a turn
+                measurer.take(compiling)
+            for trial, config in zip(asked, configs, strict=True):
+                with phases("measure"):
+                    status, value, violation = self._outcome(task, measurer, config, known)
+                statuses[status] = statuses.get(status, 0) + 1
+                with phases("optuna"):
+                    if config is not None:
+                        trial.set_user_attr("config", config.name)
+                        trial.set_user_attr("status", status)
+                    _tell(study, trial, value, violation)
+
+    def _outcome(self, task: TuneTask, measurer, config: Config | None,
+                 known: dict[str, tuple[str, float]]) -> tuple[str, float, float]:
+        """(status, value, constraint violation) of one configuration, measured at most
+        once per problem: a configuration already in the database keeps its result."""
+        if config is None or task.family.feasible(config, task.gpu) is not None:
+            return TrialStatus.INFEASIBLE, INFEASIBLE_MS, 1.0
+        if config.name not in known:
+            model_ms = task.family.estimate_ms(config, task.gpu, task.shape)
+            status, value, error = measurer.measure(config, model_ms)
+            held, held_ms = record_trial(self.engine, measurer.key, config, render(config).sha256,
+                                         status, value if status in GOOD else None, model_ms,
+                                         error)
+            known[config.name] = (held, held_ms if held in GOOD else INFEASIBLE_MS)
+        status, value = known[config.name]
+        return status, value, 0.0 if status in GOOD else 1.0
+
+    def _known(self, key: ProblemKey) -> dict[str, tuple[str, float]]:
+        """Results this problem already has: the database's trials (any worker's)."""
+        return {row.config_row.name: (row.status, row.time_ms if row.status in GOOD
+                                      else INFEASIBLE_MS)
+                for row in trials_of(self.engine, key)}
+
+    def _give_back_surplus(self, study: optuna.Study,
+                           asked: list[optuna.Trial]) -> list[optuna.Trial]:
+        """Trials beyond the first ``trials`` planned ones (by number): another worker
+        asked at the same time. They are failed unmeasured, never counted."""
+        planned = sorted(t.number for t in study.get_trials(deepcopy=False, states=PLANNED))
+        keep = set(planned[:self.trials])
+        surplus = [t for t in asked if t.number not in keep]
+        for trial in surplus:
+            trial.set_user_attr("surplus", True)
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        return surplus
+
+    def _pool(self):
+        from ..build.pool import CompilePool
+
+        if self._compile_pool is None:
+            self._compile_pool = CompilePool(self.workers, self.ahead_workers)
+            self._compile_pool.start()  # while the first study is set up
+        return self._compile_pool
+
+    def close(self) -> None:
+        if self._compile_pool is not None:
+            self._compile_pool.close()
+
+    def compile_summary(self) -> str | None:
+        """What the compile processes did (none started: ``None``)."""
+        pool = self._compile_pool
+        if pool is None:
+            return None
+        return (f"compiles for the batch timed next: {pool.batch_stats}; ahead: "
+                f"{pool.ahead_stats}; {pool.taken_back} queued ahead, then compiled for "
+                "the batch")
+
+    def _study(self, task: TuneTask, key: ProblemKey) -> optuna.Study:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        sampler = optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=SEEDS_FROM_MODEL)
+        study = optuna.create_study(study_name=self.study_name(task), storage=self.storage,
+                                    sampler=sampler, direction="minimize",
+                                    load_if_exists=True)
+        for config in self.seeds(task, key):
+            study.enqueue_trial(task.space.values_of(config), skip_if_exists=True)
+        return study
+
+    def seeds(self, task: TuneTask, key: ProblemKey) -> list[Config]:
+        """What a study tries first, in this order: the family's hand-picked reference
+        configuration (the reference no tuned shape should fall below; ``confirm`` times
+        it again beside the finalists), the winners of the nearest shapes already tuned,
+        then the model's best guesses."""
+        seeds = [*_reference_seed(task), *self.neighbours(task, key),
+                 *model_seeds(task, SEEDS_FROM_MODEL)]
+        return [c for c in dict.fromkeys(seeds) if task.space.contains(c)]
+
+    def neighbours(self, task: TuneTask, key: ProblemKey) -> list[Config]:
+        """The winners of the nearest shapes tuned so far (nearest first, at most
+        ``SEEDS_FROM_TUNED`` distinct configurations)."""
+        shape = (task.rows, task.cols, task.depth)
+        status = TrialStatus.MODEL if self.dry_run else TrialStatus.OK
+        nearest = sorted(((s, w) for s, w in best_per_problem(self.engine, key, status).items()
+                          if s != shape),
+                         key=lambda sw: (shape_distance(sw[0], shape), sw[1].config.name))
+        return list(dict.fromkeys(w.config for _, w in nearest))[:SEEDS_FROM_TUNED]
+
+    @staticmethod
+    def _planned(study: optuna.Study) -> int:
+        return len(study.get_trials(deepcopy=False, states=PLANNED))
+
+    @staticmethod
+    def _done(study: optuna.Study) -> int:
+        return len(study.get_trials(deepcopy=False,
+                                    states=(optuna.trial.TrialState.COMPLETE,)))
+
+
+def _reference_seed(task: TuneTask) -> list[Config]:
+    """The family's reference kernel for ``task``, where it has one in the space."""
+    reference = task.family.reference_config(task.problem)
+    return [reference] if reference is not None and task.space.contains(reference) else []
+
+
+def _feasible(task: TuneTask, configs: Sequence[Config]) -> list[Config]:
+    """Those of ``configs`` that fit ``task``'s GPU (the rest are never compiled)."""
+    return [c for c in configs if task.family.feasible(c, task.gpu) is None]
+
+
+def compile_report(configs: list[Config]) -> list[dict]:
+    """Compile ``configs`` with nvcc for their arch (no GPU needed): registers, spills."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..build.nvcc import compile_with_nvcc
+
+    with ThreadPoolExecutor(max_workers=4) as pool:  # nvcc runs as a child process
+        compiled = list(pool.map(lambda c: compile_with_nvcc(render(c)), configs))
+    rows = []
+    for config, result in zip(configs, compiled, strict=True):
+        res = result.resources[config.name]
+        rows.append({"config": config.name, "registers": res.registers,
+                     "spills": res.spill_stores + res.spill_loads})
+    return rows

@@ -1,0 +1,241 @@
+"""Tuning workers: one process's walk over the problems, and ``--devices`` (one worker
+process per GPU of this host, all filling the same studies through a shared storage).
+
+Each worker walks round the list of problems (``walk_order``), so the workers start on
+different shapes and then help wherever a study is still short of trials; under a time
+budget, a first pass gives every study one batch before any gets more. A worker leaves
+when every study has its trials; while others still run the last ones it waits, failing
+stale trials (a dead worker's) so that they are redone.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+
+from .studies import fail_orphans, give_back_waiting, open_storage
+from .task import TuneTask
+from .tuner import AHEAD_STUDIES, Phases, Tuner, TuneReport
+
+POLL_S = 0.5  # a waiting worker looks again this often
+
+
+@dataclass
+class WorkerReport:
+    studies: int  # studies this worker added trials to
+    complete: int  # studies with all their trials when it left
+    total: int
+    seconds: float
+    phases: Phases  # summed over the studies it worked on
+
+
+@dataclass
+class _Flying:
+    """A study under way in this worker: its steps and the batch now compiling."""
+
+    task: TuneTask
+    steps: Generator[Any, None, TuneReport]
+    compiling: Any = None
+
+
+Pick = tuple[TuneTask, float, str, Sequence[TuneTask]]  # task, budget, progress, upcoming
+
+
+def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = math.inf,
+               index: int = 0, count: int = 1,
+               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)
+               ) -> WorkerReport:
+    """Tune ``tasks`` (with other workers, through the tuner's storage) until every study
+    has its trials or the budget is spent. ``tuner.in_flight`` studies go at once: while
+    one study's batch compiles, another's is measured (tuning waited on compiles for 70 %
+    of its time with one study at a time, results/scale_h200x2/README.md, run 25)."""
+    start = time.monotonic()
+    order = walk_order(tasks, index, count)
+    worked: set[str] = set()
+    phases = Phases()
+    started_ahead = False
+
+    def begin(pick: Pick) -> _Flying:
+        nonlocal started_ahead
+        task, budget_s, progress, upcoming = pick
+        begun = time.monotonic()
+        queued = tuner.compile_ahead(upcoming)
+        if not started_ahead and queued:  # the first call also starts the processes
+            started_ahead = True
+            log(f"compile processes started and {queued} kernels queued ahead in "
+                f"{time.monotonic() - begun:.1f} s")
+        log(f"[{tasks.index(task) + 1}/{len(tasks)}] {tuner.study_name(task)} "
+            f"({progress}, {time.monotonic() - start:.0f} s)")
+        worked.add(task.study_name)
+        return _Flying(task, tuner.tune_steps(task, time_budget_s=budget_s))
+
+    def step(study: _Flying) -> bool:
+        """Run ``study`` to its next batch compiling (it goes last in ``flying``);
+        ``False`` once it is done (it leaves)."""
+        flying.remove(study)
+        try:
+            study.compiling = next(study.steps)
+        except StopIteration as stop:
+            for phase, seconds in stop.value.phases.seconds.items():
+                phases.add(phase, seconds)
+            return False
+        flying.append(study)
+        return True
+
+    flying: list[_Flying] = []  # oldest batch first
+    walk = _walk(tuner, order, time_budget_s, start,
+                 lambda: {f.task.study_name for f in flying})
+    paused = False  # the walk found nothing open: asked again once something changed
+    while True:
+        while len(flying) < max(1, tuner.in_flight) and not paused:
+            pick = next(walk)
+            paused = pick is None
+            if pick is not None:
+                flying.append(begin(pick))
+                step(flying[-1])
+        if flying:  # a batch compiled (else the oldest, waited for) is measured
+            ended = not step(next((f for f in flying if f.compiling.done()), flying[0]))
+            paused = paused and not ended
+            continue
+        unfinished = [t for t in order if tuner.open_work(t)[0] < tuner.trials]
+        out_of_time = time.monotonic() - start >= time_budget_s
+        if not unfinished or out_of_time:
+            if out_of_time and unfinished:
+                log(f"time budget spent: {len(unfinished)} of {len(tasks)} studies short "
+                    "of their trials")
+            _give_back_seeds(tuner, [t for t in order if t not in unfinished])
+            if not unfinished and not tuner.dry_run:
+                with phases("cross-check"):
+                    _cross_check(tuner, [t for t in order if t.study_name in worked], log)
+            return WorkerReport(len(worked), len(tasks) - len(unfinished), len(tasks),
+                                time.monotonic() - start, phases)
+        time.sleep(POLL_S)  # the rest is running elsewhere: wait for it (or its failure)
+        paused = False
+
+
+def _walk(tuner: Tuner, order: Sequence[TuneTask], time_budget_s: float, start: float,
+          busy: Callable[[], set[str]]) -> Iterator[Pick | None]:
+    """The studies to work on, in passes over ``order``: the next one open (short of
+    trials, not among ``busy()``, the names of those under way here) or ``None`` at the
+    end of a pass, to be asked again once something changed. Under a time budget a first
+    pass gives every untouched study one batch before any gets a second, so that a tight
+    budget tunes every shape a little, not some shapes well."""
+    if math.isfinite(time_budget_s):
+        for i, task in enumerate(order):
+            if time.monotonic() - start >= time_budget_s:
+                break
+            if task.study_name not in busy() and _unasked(tuner, task) == tuner.trials:
+                yield task, 0.0, f"first pass {i + 1}/{len(order)}", order[i:i + 1 + AHEAD_STUDIES]
+    while True:
+        here = busy()
+        open_tasks = [t for t in order if t.study_name not in here and _unasked(tuner, t) > 0]
+        for i, task in enumerate(open_tasks, 1):
+            left = time_budget_s - (time.monotonic() - start)
+            if left <= 0:
+                break
+            if task.study_name in busy() or _unasked(tuner, task) <= 0:
+                continue  # filled by others meanwhile
+            done = len(order) - len(open_tasks) + i - 1
+            yield (task, left / (len(open_tasks) - i + 1),
+                          f"{done} of {len(order)} done or taken",
+                          open_tasks[i - 1:i + AHEAD_STUDIES])
+        yield from _joins(tuner, order, time_budget_s, start, busy)
+        yield None
+
+
+def _joins(tuner: Tuner, order: Sequence[TuneTask], time_budget_s: float, start: float,
+           busy: Callable[[], set[str]]) -> Iterator[Pick]:
+    """Nothing else is open: the studies under way here that still have trials to ask,
+    most first, each again while it has (the caller stops asking once its studies at once
+    are going). Their batches then run side by side, as two workers' batches of one study
+    do, instead of one after another at the end of the run (a study's last batches were
+    the tail of a run: results/scale_h200x2/README.md, run 26)."""
+    here = busy()
+    for task in sorted((t for t in order if t.study_name in here),
+                       key=lambda t: _unasked(tuner, t), reverse=True):
+        for _ in range(max(1, tuner.in_flight)):
+            left = time_budget_s - (time.monotonic() - start)
+            if left <= 0 or _unasked(tuner, task) <= 0:
+                break
+            yield task, left, "another batch of a study under way here", ()
+
+
+def _unasked(tuner: Tuner, task: TuneTask) -> int:
+    """Trials of ``task``'s study that no worker has asked for yet (neither complete nor
+    running)."""
+    return tuner.trials - sum(tuner.open_work(task))
+
+
+def walk_order(tasks: Sequence[TuneTask], index: int, count: int) -> list[TuneTask]:
+    """The order worker ``index`` of ``count`` takes the problems in. Workers go in pairs:
+    the even one walks forward from the start of the pair's share (``2/count`` of the
+    list), the odd one backward from its end, so that they meet in the middle (with an
+    odd count the last worker walks its share alone). A shapes file lists related shapes
+    together (M ascending, say); two workers that start on related shapes compile the same
+    kernels side by side. Started at the two ends, two workers compiled about as many
+    kernels as one (results/scale_h200x2/README.md, runs 24 and 25; no wall-time gain
+    was measured, the host's drift being larger)."""
+    size, count = len(tasks), max(count, 1)
+    if index % 2 == 0:
+        first = index * size // count
+        return list(tasks[first:]) + list(tasks[:first])
+    stop = min(index + 1, count) * size // count  # the end of the pair's share
+    return (list(tasks[stop:]) + list(tasks[:stop]))[::-1]
+
+
+def _cross_check(tuner: Tuner, tasks: Sequence[TuneTask], log: Callable[[str], None]) -> None:
+    """Every study is complete: each of this worker's problems tries its tuned
+    neighbours' winners (``Tuner.cross_check``)."""
+    changed = []
+    for task in tasks:
+        before, after = tuner.cross_check(task)
+        if before and after and after.config != before.config:
+            changed.append(f"{tuner.study_name(task)}: {before.time_ms:.4f} ms -> "
+                           f"{after.time_ms:.4f} ms {after.config.name}")
+    log(f"cross-check of {len(tasks)} problems against their neighbours' winners: "
+        f"{len(changed)} winners changed" + "".join(f"\n  {line}" for line in changed))
+
+
+def _give_back_seeds(tuner: Tuner, full: Sequence[TuneTask]) -> None:
+    """Seeds enqueued in studies that were full by then (``give_back_waiting``)."""
+    for task in full:
+        study = optuna.load_study(study_name=tuner.study_name(task), storage=tuner.storage)
+        give_back_waiting(study, tuner.trials)
+
+
+def supervise(child_argv: Callable[[int, str], list[str]], devices: Sequence[str],
+              storage_url: str, log: Callable[[str], None]) -> int:
+    """Run one worker process per device (``CUDA_VISIBLE_DEVICES`` set to it) and wait.
+    A worker that dies has its running trials failed and re-enqueued for the others."""
+    host = socket.gethostname()  # a worker's id is host:pid (studies.worker_id)
+    procs = {}
+    for i, device in enumerate(devices):
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": device,
+               "NMGEN_LOCAL_WORKERS": str(len(devices))}  # they share the host's cores
+        procs[device] = subprocess.Popen([sys.executable, "-m", "nmgen.cli",
+                                          *child_argv(i, device)], env=env)
+        log(f"worker {i} on GPU {device}: pid {procs[device].pid}")
+    failures, start = 0, time.monotonic()
+    while procs:
+        time.sleep(0.2)
+        for device, proc in list(procs.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            del procs[device]
+            log(f"worker on GPU {device} exited after {time.monotonic() - start:.1f} s")
+            if code != 0:
+                failures += 1
+                orphans = fail_orphans(open_storage(storage_url), f"{host}:{proc.pid}")
+                log(f"worker on GPU {device} (pid {proc.pid}) exited with {code}; "
+                    f"{orphans} of its running trials failed and enqueued again")
+    return 1 if failures else 0
