@@ -24,7 +24,7 @@ from .format import NMMatrix
 from .gpus import spec_or_h100, table_name
 from .policy import best_per_problem
 from .problem import ALayout, Problem
-from .runtime.device import device_info, operand
+from .runtime.device import DeviceInfo, device_info, operand
 from .runtime.launch import Kernel
 from .shapes import shape_distance
 from .store.database import connect, shipped_db
@@ -39,10 +39,12 @@ class Decision:
 
 
 class Dispatcher:
-    """Holds the databases, the decision cache, the kernel cache and the counters."""
+    """Holds the databases, the decision cache, the kernel cache and the counters.
+    ``device``: the GPU decisions are made for (default: the current device)."""
 
-    def __init__(self, db_urls: list[str] | None = None):
+    def __init__(self, db_urls: list[str] | None = None, device: DeviceInfo | None = None):
         self._urls = db_urls
+        self._device = device
         self._engines: list[Any] | None = None
         self._decisions: dict[tuple, Decision] = {}
         self._fast: dict[tuple, tuple[Kernel, str]] = {}
@@ -80,9 +82,13 @@ class Dispatcher:
         return min((d for d in found if d is not None),
                    key=lambda d: (rank[d.source], d.time_ms or 0.0, d.config.name))
 
+    @property
+    def device(self) -> DeviceInfo:
+        return self._device or device_info()
+
     def _lookup_family(self, family: Family, problem: Problem, shape: tuple[int, int, int]
                        ) -> Decision | None:
-        key = problem_key(family, problem, shape)
+        key = problem_key(family, problem, shape, self.device)
         for engine in self._dbs():
             winners = best_per_problem(engine, key)
             if shape in winners:
@@ -124,7 +130,7 @@ class Dispatcher:
                             "activations in the weight's dtype")
         problem = Problem(b.n, b.m, b.vec, layout_of(a_op.shape, a_op.strides,
                                                      b.dtype.itemsize),
-                          device_info().arch, b.dtype)
+                          self.device.arch, b.dtype)
         shape = (a_op.shape[0], b.shape[1], b.shape[0])
         decision = self.decide(problem, shape)
         if decision.source != "exact":
@@ -137,7 +143,8 @@ class Dispatcher:
             return
         self._warned.add(problem)
         m, n, k = shape
-        warnings.warn(f"nmgen.dispatch: no tuned record for {gpu_name()} {problem} M={m} "
+        warnings.warn(f"nmgen.dispatch: no tuned record for "
+                      f"{table_name(self.device.name)} {problem} M={m} "
                       f"N={n} K={k}; using the {decision.source} choice "
                       f"{decision.config.name} (said once; nmgen.dispatch_stats() counts "
                       "every fallback)", stacklevel=4)
@@ -148,9 +155,9 @@ def gpu_name() -> str:
     return table_name(device_info().name)
 
 
-def problem_key(family: Family, problem: Problem, shape: tuple[int, int, int]) -> ProblemKey:
-    """The database key of ``family``'s records of a problem on the current device."""
-    info = device_info()
+def problem_key(family: Family, problem: Problem, shape: tuple[int, int, int],
+                info: DeviceInfo) -> ProblemKey:
+    """The database key of ``family``'s records of a problem on device ``info``."""
     return ProblemKey(gpu=table_name(info.name), device_name=info.name, arch=info.arch.value,
                       cuda_version=info.cuda_version, sms=info.sms,
                       template_hash=family.generator_hash(), n=problem.n, m=problem.m,

@@ -11,8 +11,10 @@ import sys
 import numpy as np
 import pytest
 
-from nmgen.config import ALayout, Arch, KernelConfig
-from nmgen.space import Problem, core_config
+from nmgen.families.f32_simt.config import KernelConfig
+from nmgen.families.f32_simt.space import core_config
+from nmgen.gpus import Arch
+from nmgen.problem import ALayout, Problem
 
 pytestmark = pytest.mark.gpu
 
@@ -21,7 +23,7 @@ pytestmark = pytest.mark.gpu
 def test_dense_baselines_are_right(kind, rtol):
     import cupy as cp
 
-    from nmgen.gpu.dense import Dense, dense_gemm
+    from nmgen.bench.dense import Dense, dense_gemm
 
     rng = np.random.default_rng()
     a = rng.standard_normal((77, 256), dtype=np.float32)
@@ -33,7 +35,8 @@ def test_dense_baselines_are_right(kind, rtol):
 
 
 def test_small_bench_run(tmp_path):
-    from nmgen.db import connect, latest_ceilings
+    from nmgen.store.database import connect
+    from nmgen.store.records import latest_ceilings
 
     shapes = tmp_path / "shapes.txt"
     shapes.write_text("33 256 512\n256 512 1024\n")
@@ -85,7 +88,7 @@ def test_bench_check_densifies_exactly():
     import cupy as cp
 
     import nmgen
-    from nmgen.gpu.bench import dense_float64, random_weight
+    from nmgen.bench.run import dense_float64, random_weight
 
     rng = np.random.default_rng()
     b = nmgen.prune(rng.standard_normal((75, 100), dtype=np.float32), "3:8", 16)

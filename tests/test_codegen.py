@@ -1,14 +1,17 @@
-"""Rendering: every sampled valid configuration renders; the source states what it is."""
+"""Rendering: every sampled valid configuration renders; the source states what it is;
+every configuration of the shipped database renders the source its records timed."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
 
 import nmgen
-from nmgen.config import ALayout, Arch
-from nmgen.space import Problem, random_config
+from nmgen.families.f32_simt.space import SPACE
+from nmgen.gpus import Arch
+from nmgen.problem import ALayout, Problem
 
 PATTERNS = [(2, 4), (1, 4), (2, 8), (4, 8), (4, 16), (8, 16), (16, 32), (12, 32), (8, 32),
             (4, 32), (16, 64), (3, 7)]
@@ -20,7 +23,7 @@ def sampled_configs(count: int, seed: int) -> list[nmgen.KernelConfig]:
     while len(configs) < count:
         problem = Problem(*rng.choice(PATTERNS), rng.choice([1, 4, 8, 16, 32, 64, 128]),
                           a_layout=rng.choice(list(ALayout)), arch=rng.choice(list(Arch)))
-        configs.append(random_config(problem, rng))
+        configs.append(SPACE.sample(problem, rng))
     return configs
 
 
@@ -71,8 +74,9 @@ def test_copied_a_runs_the_k_major_kernel_after_a_transpose():
     body = body.replace("    WAIT_FOR_COPY();\n", "")
     assert body.rstrip() == k_code[k_code.index("namespace {"):].rstrip()
     assert f"{copied.name}_transpose(const float* __restrict__ A" in transpose
-    # Its block size and tile come from codegen, which the launcher reads too.
-    from nmgen.codegen import COPY_A_THREADS, COPY_A_TILE
+    # Its block size and tile come from the family's render module, which its launch plan
+    # reads too.
+    from nmgen.families.f32_simt.render import COPY_A_THREADS, COPY_A_TILE
 
     assert f"__launch_bounds__({COPY_A_THREADS})" in transpose
     assert f"COPY_TILE = {COPY_A_TILE}," in transpose
@@ -105,7 +109,7 @@ def test_row_loop_unroll(a_tile, ws, unroll):
     ((8, 32), 128, [8, 16], 8)])
 def test_copy_loops_unrolled_whole_where_8_leaves_a_remainder(pattern, ks, trips, unroll):
     """The core kernels' stage copies (256 threads, NS = 256: 64 chunks a B' row)."""
-    from nmgen.codegen import copy_trip_counts, copy_unroll
+    from nmgen.families.f32_simt.render import copy_trip_counts, copy_unroll
 
     config = nmgen.KernelConfig(*pattern, 32, 128, 256, ks, 16, 8, a_layout="km")
     assert (copy_trip_counts(config), copy_unroll(config)) == (trips, unroll)
@@ -117,7 +121,7 @@ def test_copy_loops_unrolled_whole_where_8_leaves_a_remainder(pattern, ks, trips
     ((64, 128, 8, 8), True), ((128, 256, 16, 8), False), ((64, 512, 8, 16), False)])
 def test_serpentine_ffma_order_only_on_8x8_thread_tiles(tile, serpentine):
     """Odd rows walk their columns backwards on 8x8 thread tiles only (measured faster
-    there, slower on 16x8: codegen.serpentine_ffma). tile: MS, NS, MT, NT."""
+    there, slower on 16x8: render.serpentine_ffma). tile: MS, NS, MT, NT."""
     ms, ns, mt, nt = tile
     code = nmgen.render(nmgen.KernelConfig(8, 32, 32, ms, ns, 64, mt, nt, a_layout="km")).code
     assert ("(i & 1) ? NT_GROUP - 1 - jj : jj" in code) is serpentine
@@ -127,7 +131,7 @@ def test_serpentine_ffma_order_only_on_8x8_thread_tiles(tile, serpentine):
 def test_kernel_source_belongs_to_its_configuration_and_is_read_only():
     """The launch-plan cache is keyed by the source's hash: a kernel's source is fixed at
     construction, and a source rendered for another configuration is refused."""
-    from nmgen.gpu.launch import Kernel
+    from nmgen.runtime.launch import Kernel
 
     config = nmgen.KernelConfig(8, 32, 32, 64, 128, 64, 8, 8, a_layout="km")
     other = config.replace(split_k=2)
@@ -144,9 +148,9 @@ def test_the_launch_after_a_copy_reaches_the_driver_as_programmatic():
     = 1. (A c_char union read back as a copy once left it 0, unnoticed, in the tools.)"""
     import ctypes
 
-    from nmgen.gpu.launch import _AfterCopyLaunch, _LaunchAttribute, _LaunchConfig
+    from nmgen.runtime.launch import _AfterPreviousLaunch, _LaunchAttribute, _LaunchConfig
 
-    launch = _AfterCopyLaunch((3, 2, 1), 256, 1024)
+    launch = _AfterPreviousLaunch((3, 2, 1), 256, 1024)
     raw = bytes(launch.attribute)
     assert ctypes.sizeof(_LaunchAttribute) == 72 and ctypes.sizeof(_LaunchConfig) == 56
     assert int.from_bytes(raw[:4], "little") == 6  # ..._PROGRAMMATIC_STREAM_SERIALIZATION
@@ -154,3 +158,32 @@ def test_the_launch_after_a_copy_reaches_the_driver_as_programmatic():
     assert list(launch.config.grid) == [3, 2, 1] and list(launch.config.block) == [256, 1, 1]
     assert launch.config.smem == 1024 and launch.config.count == 1
     assert ctypes.addressof(launch.config.attrs.contents) == ctypes.addressof(launch.attribute)
+
+
+def test_every_shipped_configuration_renders_the_source_it_was_timed_on():
+    """The shipped database's records hold the hash of each kernel's source (its version
+    line aside): the current generator must render every one of them unchanged, or the
+    records time code that no longer runs (``nmgen carry`` re-keys them after a change)."""
+    import sqlite3
+
+    from nmgen.codegen import source_hash
+    from nmgen.families.registry import config_from_dict
+    from nmgen.store.database import shipped_db
+
+    with sqlite3.connect(shipped_db()) as db:
+        rows = db.execute("select name, params, source_hash from nm_kernel_configs").fetchall()
+    assert len(rows) > 1000
+    changed = [name for name, params, stored in rows
+               if source_hash(nmgen.render(config_from_dict(json.loads(params))).code) != stored]
+    assert not changed, f"{len(changed)} shipped kernels render other code, e.g. {changed[:3]}"
+
+
+def test_the_version_line_is_all_a_release_changes():
+    from nmgen.codegen import VERSION_LINE, source_hash
+
+    code = nmgen.render(nmgen.KernelConfig(8, 32, 32, 128, 128, 64, 8, 8)).code
+    line = VERSION_LINE.search(code).group(0)
+    assert f"nmgen {nmgen.__version__} from nmgen/families/f32_simt/templates/" in line
+    assert source_hash(code.replace(line, line.replace(nmgen.__version__, "9.9.9"))) \
+        == source_hash(code)
+    assert source_hash(code.replace("fmaf(", "__fmaf_rn(")) != source_hash(code)

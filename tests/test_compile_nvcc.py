@@ -10,10 +10,14 @@ import random
 import pytest
 
 import nmgen
-from nmgen.compile import compile_with_nvcc, parse_ptxas_report
-from nmgen.config import ALayout, Arch, ATile, ConfigError, Family
-from nmgen.model import min_blocks_per_sm, register_budget
-from nmgen.space import Problem, random_config
+from nmgen.build.nvcc import compile_with_nvcc, parse_ptxas_report
+from nmgen.families.f32_simt.config import ATile
+from nmgen.families.f32_simt.model import min_blocks_per_sm, register_budget
+from nmgen.families.f32_simt.space import SPACE
+from nmgen.families.registry import all_families
+from nmgen.families.space import ConfigError
+from nmgen.gpus import Arch
+from nmgen.problem import ALayout, Problem
 
 pytestmark = pytest.mark.nvcc
 
@@ -39,8 +43,11 @@ def variant_config(layout_tile, packing, stages, split_k, arch, seed) -> nmgen.K
         problem = Problem(*rng.choice([(2, 4), (8, 32), (4, 16), (3, 7), (16, 64)]),
                           rng.choice([4, 8, 32, 128]), a_layout=layout, arch=arch)
         try:
-            return random_config(problem, rng, max_threads=512).replace(
-                packing=packing, stages=stages, split_k=split_k, a_tile=a_tile.value)
+            config = SPACE.sample(problem, rng)
+            if config.threads > 512:
+                continue
+            return config.replace(packing=packing, stages=stages, split_k=split_k,
+                                  a_tile=a_tile.value)
         except ConfigError:  # e.g. more stages no longer fit in shared memory
             continue
 
@@ -184,12 +191,15 @@ def check_resources(config: nmgen.KernelConfig) -> None:
     assert main.registers * config.threads <= 65536, f"{config.name}: {main}"
 
 
-@pytest.mark.parametrize("family", list(Family))
-def test_every_family_compiles(family):
-    """A new family without a template, or with one that does not build, fails here."""
-    config = nmgen.KernelConfig(2, 4, 8, 64, 64, 16, 4, 4, family=family)
+@pytest.mark.parametrize("family", all_families(), ids=lambda f: f.name)
+@pytest.mark.parametrize("seed", range(3))
+def test_every_family_compiles(family, seed):
+    """A new family without a template, or with one that does not build, fails here:
+    sampled configurations of each registered family, every entry point."""
+    dtype = sorted(family.dtypes, key=lambda d: d.value)[0]
+    config = family.space.sample(Problem(2, 4, 8, dtype=dtype), random.Random(seed))
     compiled = compile_with_nvcc(nmgen.render(config))
-    assert config.name in compiled.resources, compiled.log
+    assert set(family.entry_points(config)) <= set(compiled.resources), compiled.log
 
 
 def test_ptx_output():

@@ -7,8 +7,11 @@ import random
 import pytest
 
 import nmgen
-from nmgen.config import ALayout, Arch, ConfigError, KernelConfig
-from nmgen.space import Problem, enumerate_configs, random_config
+from nmgen.families.f32_simt.config import KernelConfig
+from nmgen.families.f32_simt.space import SPACE
+from nmgen.families.space import ConfigError
+from nmgen.gpus import Arch
+from nmgen.problem import ALayout, Problem
 
 BASE = dict(n=8, m=32, vec=32, ms=128, ns=128, ks=32, mt=8, nt=8)
 
@@ -94,8 +97,8 @@ def test_every_sampled_tma_configuration_has_a_cp_async_twin():
     sampled = 0
     for _ in range(1500):
         n, m = rng.choice([(2, 4), (16, 32), (12, 32), (8, 32), (4, 32), (16, 64)])
-        config = random_config(Problem(n, m, rng.choice([1, 8, 32]), a_layout=ALayout.K_MAJOR,
-                                       arch=Arch.SM90), rng)
+        config = SPACE.sample(Problem(n, m, rng.choice([1, 8, 32]), a_layout=ALayout.K_MAJOR,
+                                      arch=Arch.SM90), rng)
         if config is not None and config.tma:
             twin = config.cp_async_twin()
             assert not twin.tma and twin.replace(stages=config.stages, tma=True) == config
@@ -133,7 +136,7 @@ def test_json_and_name_round_trip(seed):
     rng = random.Random(seed)
     problem = Problem(*rng.choice([(2, 4), (16, 32), (4, 8), (3, 7)]), rng.choice([8, 32, 128]),
                       a_layout=rng.choice(list(ALayout)), arch=rng.choice(list(Arch)))
-    config = random_config(problem, rng)
+    config = SPACE.sample(problem, rng)
     assert KernelConfig.from_json(config.to_json()) == config
     assert KernelConfig.from_name(config.name) == config
 
@@ -183,28 +186,3 @@ def test_shared_memory_follows_the_design_formula():
     assert config.smem_bytes == 2 * (a_tile + b_tile + index)
     packed = KernelConfig(**{**BASE, "ks": 128}, stages=2, a_layout="km", packing=True)
     assert packed.a_rows == min(128, packed.ws * 4)
-
-
-def test_space_holds_only_valid_configs():
-    configs = list(enumerate_configs(Problem(16, 32, 32)))
-    assert len(configs) > 1000
-    assert len({c.name for c in configs}) == len(configs)
-    assert all(c.smem_bytes <= c.arch.max_smem_per_block for c in configs)
-
-
-def test_space_skips_nothing_valid():
-    """The enumeration skips tiles its warps cannot cover before building them; what it
-    keeps must be exactly every valid point of the grid, in the grid's order."""
-    import itertools
-
-    from nmgen import space
-
-    problem = Problem(2, 4, 8, a_layout=ALayout.K_MAJOR)
-    grid = itertools.product(space.MS_CHOICES, space.NS_CHOICES, space.ks_choices(4),
-                             space.MT_CHOICES, space.NT_CHOICES, space.WARP_LAYOUTS,
-                             (False, True), space.STAGE_CHOICES, space.tile_choices(problem),
-                             space.SLICE_K_CHOICES, space.tma_choices(problem))
-    every = [space.try_config(problem, ms=ms, ns=ns, ks=ks, mt=mt, nt=nt, warp_m=wm,
-                              warp_n=wn, packing=p, stages=st, a_tile=t, slice_k=sk, tma=tma)
-             for ms, ns, ks, mt, nt, (wm, wn), p, st, t, sk, tma in grid]
-    assert enumerate_configs(problem) == tuple(c for c in every if c is not None)

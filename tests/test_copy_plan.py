@@ -1,6 +1,6 @@
 """How a copied-A (tx) launch is cut into pipelined chunks (nmgen.copy_plan): host only."""
 
-from nmgen.copy_plan import copy_chunk_rows, copy_chunks, pipelined
+from nmgen.families.f32_simt.copy_plan import copy_chunk_rows, copy_chunks, pipelined
 
 
 def test_copy_chunks_are_whole_waves_of_enough_rows_and_bytes():

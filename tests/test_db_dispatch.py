@@ -5,12 +5,21 @@ from __future__ import annotations
 import pytest
 
 import nmgen
-from nmgen.db import ProblemKey, TrialStatus, best_per_problem, connect, record_trial, summary
-from nmgen.dispatch import Dispatcher, layout_of, model_choice
+from nmgen.dispatch import Dispatcher, layout_of
+from nmgen.families.f32_simt import F32_SIMT
+from nmgen.gpus import gpu_spec
+from nmgen.policy import best_per_problem, summary
+from nmgen.problem import ALayout, Problem
+from nmgen.runtime.device import DeviceInfo
+from nmgen.store.database import connect
+from nmgen.store.records import ProblemKey, record_trial
+from nmgen.store.tables import TrialStatus
 
-KEY = ProblemKey(gpu="h100", device_name="NVIDIA H100 80GB HBM3", arch="sm_90",
-                 cuda_version=13000, sms=132, template_hash="t" * 64, n=8, m=32, vec=32,
+H100 = DeviceInfo("NVIDIA H100 80GB HBM3", 132, 9, 0, 13000)
+KEY = ProblemKey(gpu="h100", device_name=H100.name, arch="sm_90", cuda_version=13000,
+                 sms=132, template_hash=F32_SIMT.generator_hash(), n=8, m=32, vec=32,
                  dtype="f32", a_layout="rm", rows=1024, cols=4096, depth=4096)
+PROBLEM = Problem(8, 32, 32)
 FAST = nmgen.KernelConfig(8, 32, 32, 128, 256, 64, 8, 8, a_tile="tm")
 SLOW = nmgen.KernelConfig(8, 32, 32, 64, 128, 32, 8, 4, warp_m=4, warp_n=8)
 
@@ -52,13 +61,11 @@ def test_sqlite_databases_log_ahead_and_sync_at_checkpoints(db):
         engine.dispose()
 
 
-def test_the_core_kernel_wins_within_timing_noise(tmp_path):
-    from nmgen.config import ALayout, Arch
-    from nmgen.db import CORE_TIE
-    from nmgen.space import Problem, core_config
+def test_the_reference_kernel_wins_within_timing_noise(tmp_path):
+    from nmgen.policy import REFERENCE_TIE as CORE_TIE
 
     engine = connect(f"sqlite:///{tmp_path / 'tuned.db'}")
-    core = core_config(Problem(8, 32, 32, ALayout.ROW_MAJOR, Arch.SM90))
+    core = F32_SIMT.reference_config(PROBLEM)
     near = KEY  # the core kernel half the tie band behind the fastest: it wins
     far = KEY.__class__(**{**KEY.__dict__, "rows": 2048})  # twice the band behind: it loses
     for key, behind in ((near, CORE_TIE / 2), (far, 2 * CORE_TIE)):
@@ -80,29 +87,33 @@ def test_records_of_another_gpu_or_template_do_not_match(db):
 
 
 def test_dispatcher_exact_nearest_and_model(db):
-    dispatcher = Dispatcher([db])
-    assert dispatcher.decide(KEY).source == "exact"
-    assert dispatcher.decide(KEY).config == FAST
-    nearby = KEY.__class__(**{**KEY.__dict__, "rows": 1000})
-    decision = dispatcher.decide(nearby)
+    dispatcher = Dispatcher([db], device=H100)
+    assert dispatcher.decide(PROBLEM, KEY.shape).source == "exact"
+    assert dispatcher.decide(PROBLEM, KEY.shape).config == FAST
+    decision = dispatcher.decide(PROBLEM, (1000, 4096, 4096))
     assert (decision.source, decision.config) == ("nearest", FAST)
-    other_pattern = KEY.__class__(**{**KEY.__dict__, "n": 4})
-    decision = dispatcher.decide(other_pattern)
+    other_pattern = Problem(4, 32, 32)
+    decision = dispatcher.decide(other_pattern, KEY.shape)
     assert decision.source == "model" and decision.config.n == 4
-    assert dispatcher.decide(other_pattern) is decision  # cached
+    assert dispatcher.decide(other_pattern, KEY.shape) is decision  # cached
+    with pytest.raises(ValueError, match="no kernel family serves"):
+        dispatcher.decide(Problem(8, 32, 32, dtype="bf16"), KEY.shape)
 
 
 def test_model_choice_for_unknown_gpu_and_layouts():
-    key = KEY.__class__(**{**KEY.__dict__, "gpu": "mystery_gpu", "a_layout": "km"})
-    config = model_choice(key)
+    config = F32_SIMT.default_config(Problem(8, 32, 32, a_layout=ALayout.K_MAJOR),
+                                     gpu_spec("h100"), KEY.shape)
     assert config.a_layout.value == "km" and (config.n, config.m, config.vec) == (8, 32, 32)
+    unknown = Dispatcher([], device=DeviceInfo("Mystery GPU", 100, 9, 0, 13000))
+    decision = unknown.decide(Problem(8, 32, 32, a_layout=ALayout.K_MAJOR), KEY.shape)
+    assert decision.source == "model" and decision.config.a_layout is ALayout.K_MAJOR
 
 
 def test_layout_of_arrays():
     import numpy as np
 
     def of(a):
-        return layout_of(a.shape, a.strides)
+        return layout_of(a.shape, a.strides, a.itemsize)
 
     assert of(np.zeros((5, 7), np.float32)).value == "rm"
     assert of(np.zeros((7, 5), np.float32).T).value == "km"
@@ -110,31 +121,29 @@ def test_layout_of_arrays():
         of(np.zeros((6, 8), np.float32)[::2, ::2])
 
 
-def test_records_are_keyed_on_the_template_and_the_generator():
+def test_records_are_keyed_on_the_family_generator():
+    """A family's records are keyed on its templates and the module of its template
+    arguments: an unroll or any other code-generation change orphans the old timings."""
     import hashlib
-    from pathlib import Path
 
-    from nmgen import codegen
-    from nmgen.config import Family
-    from nmgen.dispatch import template_hash
-
-    text = codegen.template_text(Family.F32_SIMT) + Path(codegen.__file__).read_text()
-    assert template_hash() == hashlib.sha256(text.encode()).hexdigest()
-    # an unroll or any other code-generation change orphans the old timings
-    assert template_hash() != hashlib.sha256(
-        codegen.template_text(Family.F32_SIMT).encode()).hexdigest()
+    files = F32_SIMT.generator_files()
+    assert {f.name for f in files} == {"nm_spmm_f32.cu.j2", "render.py"}
+    assert F32_SIMT.generator_hash() == hashlib.sha256(
+        b"".join(f.read_bytes() for f in files)).hexdigest()
 
 
 def test_shipped_records_are_keyed_to_the_current_generator():
-    """A change to the template or the code generator re-keys the records (``nmgen carry``)
-    before it lands; otherwise the dispatcher finds none of the shipped tuned kernels."""
+    """A change to a family's generator re-keys the records (``nmgen carry``) before it
+    lands; otherwise the dispatcher finds none of the shipped tuned kernels."""
     from sqlalchemy import select
 
-    from nmgen.db import ProblemRow, shipped_db
-    from nmgen.dispatch import template_hash
+    from nmgen.families.registry import all_families
+    from nmgen.store.database import shipped_db
+    from nmgen.store.tables import ProblemRow
 
     engine = connect(f"sqlite:///{shipped_db()}")
     with engine.connect() as conn:
         hashes = set(conn.execute(select(ProblemRow.template_hash).distinct()).scalars())
     engine.dispose()
-    assert hashes == {template_hash()}, "run nmgen carry --from-rev <the records' revision>"
+    assert hashes <= {f.generator_hash() for f in all_families()}, \
+        "run nmgen carry --from-rev <the records' revision>"

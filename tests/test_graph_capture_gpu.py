@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import nmgen
-from nmgen.gpu.launch import operand
+from nmgen.families.f32_simt.copy_plan import copy_chunk_rows
+from nmgen.runtime.device import device_info, operand
 
 pytestmark = pytest.mark.gpu
 
@@ -37,6 +38,28 @@ CASES = {
 }
 
 
+def launch_of(plan, entry: str):
+    """The launch of ``entry`` in a family's launch plan (``None``: the plan has none)."""
+    return next((launch for launch in plan.launches if launch.entry == entry), None)
+
+
+def copy_ld(plan, name: str) -> int | None:
+    """Floats between the K rows of the K-major copy of A that the plan's transpose
+    writes (its last argument); ``None`` where the plan copies no A."""
+    copy = launch_of(plan, name + "_transpose")
+    return None if copy is None else copy.args[-1].value
+
+
+def chunk_rows(kernel: nmgen.Kernel, b, a_op, lda: int) -> int:
+    """The rows of the chunks a pipelined call cuts M in on this GPU (0: none pays): the
+    family's rule on the main launch's block columns and the blocks of it the GPU holds
+    at once, read from the plan of M = 4 (they do not depend on M)."""
+    c = kernel.config
+    main = launch_of(kernel._bound(b, a_op, 4, lda).plan, c.name)
+    per_sm = kernel._resident_blocks(a_op.device)(main.entry, main.threads, main.smem)
+    return int(copy_chunk_rows(b.shape[0], c.ms, main.grid[0], device_info().sms * per_sm))
+
+
 def operands(name: str, rng: np.random.Generator):
     """(kernel, b, a as CuPy in the kernel's layout, M): for the pipelined case M is three
     and a half chunks on this GPU (asserted, else the case would not pipeline)."""
@@ -47,10 +70,10 @@ def operands(name: str, rng: np.random.Generator):
     b = nmgen.prune(rng.standard_normal((k_dim, n_cols), dtype=np.float32),
                     (config.n, config.m), config.vec)
     if m_rows is None:
-        probe = operand(cp.empty(4, cp.float32), "a")
-        rows = kernel._cached_plan(b, probe, 4, k_dim).chunk_rows
+        probe = operand(cp.empty(4, cp.float32), "a")  # the plan needs only the device
+        rows = chunk_rows(kernel, b, probe, k_dim)
         m_rows = 3 * rows + rows // 2 + 37
-        assert len(kernel._cached_plan(b, probe, m_rows, k_dim).chunks) == 4
+        assert len(kernel._bound(b, probe, m_rows, k_dim).plan.chunks) == 4
     a = cp.asarray(rng.standard_normal((m_rows, k_dim), dtype=np.float32))
     if config.a_layout is nmgen.ALayout.K_MAJOR:
         a = cp.ascontiguousarray(a.T).T
@@ -61,17 +84,19 @@ def workspace_bytes(kernel: nmgen.Kernel, b, a) -> list[int]:
     """Bytes of each workspace a launch takes (the sizes the pool would hand out again)."""
     a_op = operand(a, "a")
     m_rows, lda = kernel._check_a(a_op, b)
-    plan = kernel._cached_plan(b, a_op, m_rows, lda)
+    plan = kernel._bound(b, a_op, m_rows, lda).plan
     depth, n_cols = b.shape
     c = kernel.config
+    ld = copy_ld(plan, c.name)
     sizes = []
-    if plan.copy_a is not None and len(plan.chunks) > 1:
-        lds = [kernel._cached_plan(b, a_op, rows, lda).copy_a.ld for rows in plan.chunks]
+    if ld is not None and len(plan.chunks) > 1:
+        lds = [copy_ld(kernel._bound(b, a_op, rows, lda).plan, c.name) for rows in plan.chunks]
         sizes += [4 * depth * max(lds)] * 2
-    elif plan.copy_a is not None:
-        sizes.append(4 * depth * plan.copy_a.ld)
-    if c.stream_k:
-        sizes += [4 * plan.grid[0] * c.ms * c.ns, 4 * plan.grid[0]]
+    elif ld is not None:
+        sizes.append(4 * depth * ld)
+    if c.stream_k:  # a partial-sum tile and a flag a block of the persistent grid
+        blocks = launch_of(plan, c.name).grid[0]
+        sizes += [4 * blocks * c.ms * c.ns, 4 * blocks]
     elif c.split_k > 1:
         sizes.append(4 * c.split_k * m_rows * n_cols)
     return sizes
@@ -123,8 +148,8 @@ def test_cupy_graph_replays_the_launch(name, gpu_cases):
         kernel(a, b, out=out)
         graph = stream.end_capture()
         a_op = operand(a, "a")
-        plan = kernel._cached_plan(b, a_op, *kernel._check_a(a_op, b))
-        assert len(plan.kept) == len(workspace_bytes(kernel, b, a))  # kept for the graph
+        bound = kernel._bound(b, a_op, *kernel._check_a(a_op, b))
+        assert len(bound.kept) == len(workspace_bytes(kernel, b, a))  # kept for the graph
         others = sentinels(workspace_bytes(kernel, b, a))  # a replay must leave them be
         for _ in range(2):
             fill_new_values(a, rng)
@@ -156,8 +181,8 @@ def test_torch_graph_replays_the_launch(name, gpu_cases):
     with torch.cuda.graph(graph):
         y = kernel(x, b)
     a_op = operand(x, "a")
-    plan = kernel._cached_plan(b, a_op, *kernel._check_a(a_op, b))
-    assert len(plan.kept) == len(workspace_bytes(kernel, b, a))  # kept for the graph
+    bound = kernel._bound(b, a_op, *kernel._check_a(a_op, b))
+    assert len(bound.kept) == len(workspace_bytes(kernel, b, a))  # kept for the graph
     others = sentinels(workspace_bytes(kernel, b, a), torch)
     for _ in range(2):
         fill_new_values(cp.asarray(x), rng)

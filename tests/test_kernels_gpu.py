@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 import nmgen
-from nmgen.config import ALayout
-from nmgen.space import Problem, random_config
+from nmgen.families.f32_simt import F32_SIMT
+from nmgen.families.f32_simt.copy_plan import copy_chunk_rows
+from nmgen.problem import ALayout, Problem
 
 pytestmark = pytest.mark.gpu
 
@@ -81,7 +82,7 @@ def test_random_config_matches_reference(case, gpu_cases):
     rng = np.random.default_rng(SEED * 1000 + case)
     n, m = pick.choice(PATTERNS)
     problem = Problem(n, m, pick.choice(VECS), a_layout=pick.choice(list(ALayout)))
-    config = random_config(problem, pick)
+    config = F32_SIMT.space.sample(problem, pick)
     kernel = nmgen.Kernel(config)
     for i in range(SHAPES_PER_CONFIG):
         m_rows = M_EDGES[(case + i) % len(M_EDGES)] if i < 3 else pick.randint(1, 300)
@@ -143,6 +144,18 @@ PIPELINED = [  # copied A (tx) kernels whose copies run pipelined in chunks of M
 ]
 
 
+def chunk_rows(kernel: nmgen.Kernel, b, a_op, lda: int) -> int:
+    """The rows of the chunks a pipelined call cuts M in on this GPU (0: none pays): the
+    family's rule on the main launch's block columns and the blocks of it the GPU holds
+    at once, read from the plan of M = 4 (they do not depend on M)."""
+    from nmgen.runtime.device import device_info
+
+    c = kernel.config
+    main = next(x for x in kernel._bound(b, a_op, 4, lda).plan.launches if x.entry == c.name)
+    per_sm = kernel._resident_blocks(a_op.device)(main.entry, main.threads, main.smem)
+    return int(copy_chunk_rows(b.shape[0], c.ms, main.grid[0], device_info().sms * per_sm))
+
+
 def pipelined_case(config, kind: str, stream_kind: str, pad: int = 0):
     """(kernel, b, a, out, stream) for a copied-A kernel at an M that it runs in chunks:
     three whole chunks and a last one of half a chunk plus 37 rows (asserted, else the test
@@ -150,7 +163,7 @@ def pipelined_case(config, kind: str, stream_kind: str, pad: int = 0):
     ``pad``, A's rows lie K + pad floats apart (a column slice of a wider array)."""
     import cupy as cp
 
-    from nmgen.gpu.launch import operand
+    from nmgen.runtime.device import operand
 
     kernel = nmgen.Kernel(config)
     rng = np.random.default_rng(SEED)
@@ -158,11 +171,11 @@ def pipelined_case(config, kind: str, stream_kind: str, pad: int = 0):
     b = nmgen.prune(rng.standard_normal((k_dim, n_cols), dtype=np.float32),
                     (config.n, config.m), config.vec)
     probe = operand(cp.empty(4, cp.float32), "a")  # the plan needs only the device
-    rows = kernel._cached_plan(b, probe, 4, k_dim).chunk_rows  # a chunk on this GPU
+    rows = chunk_rows(kernel, b, probe, k_dim)  # a chunk on this GPU
     m_rows = 3 * rows + rows // 2 + 37
     a = cp.asarray(rng.standard_normal((m_rows, k_dim + pad), dtype=np.float32))[:, :k_dim]
-    chunks = kernel._cached_plan(b, operand(a, "a"), m_rows, k_dim + pad).chunks
-    assert chunks == [rows] * 3 + [rows // 2 + 37], chunks
+    chunks = kernel._bound(b, operand(a, "a"), m_rows, k_dim + pad).plan.chunks
+    assert list(chunks) == [rows] * 3 + [rows // 2 + 37], chunks
     out = cp.full((m_rows, n_cols), cp.nan, cp.float32)
     stream = cp.cuda.Stream(non_blocking=True) if stream_kind == "side" else None
     if kind == "torch":
@@ -188,7 +201,7 @@ def test_pipelined_copy_matches_reference_and_the_single_copy(shape, pad, gpu_ca
     cp.cuda.Device().synchronize()
     assert not bool(cp.isnan(out).any()), "a chunk left unwritten (NaN poison survived)"
     assert relative_error(out, nmgen.reference(a, b)) < RTOL
-    kernel.pipeline_copy = False
+    kernel.pipeline = False
     single = kernel(a, b)
     cp.cuda.Device().synchronize()
     assert bool((single == out).all()), "pipelined and single-copy outputs differ"
@@ -290,7 +303,7 @@ def test_tma_matches_reference(layout, tile, split_k, stages, ms, ns, ks, mt, nt
     kernel = nmgen.Kernel(config)
     check_shapes(kernel, [*EDGES, (1024, 4096 + 13, 131)], gpu_cases)
     # K-major A of M % 4 != 0 has rows the engine cannot address: the twin ran those.
-    assert (kernel._twin is not None) == (layout == "km")
+    assert list(kernel._instead) == ([config.cp_async_twin().name] if layout == "km" else [])
     rng = np.random.default_rng(SEED)
     b = nmgen.prune(rng.standard_normal((1000, 520), dtype=np.float32), (8, 32), 32)
     both = [make_a(rng, 512, 1000, config.a_layout) for _ in range(2)]  # two addresses
@@ -315,7 +328,7 @@ def test_tma_uint16_table_matches_reference(layout, tile, gpu_cases):
     assert config.table_bytes == 2
     kernel = nmgen.Kernel(config)
     check_shapes(kernel, [*EDGES, (384, 4096 + 13, 771)], gpu_cases)
-    assert (kernel._twin is not None) == (layout == "km")
+    assert list(kernel._instead) == ([config.cp_async_twin().name] if layout == "km" else [])
 
 
 def test_tma_kernel_whose_twin_keeps_fewer_stages_matches_reference(gpu_cases):
@@ -329,7 +342,8 @@ def test_tma_kernel_whose_twin_keeps_fewer_stages_matches_reference(gpu_cases):
     kernel = nmgen.Kernel(nmgen.KernelConfig.from_name(
         "nm_spmm_f32_n16m64l1_ms32ns256ks128_mt4nt4_w2x16_nopack_s3_k1_km_tma_sm90"))
     check_shapes(kernel, [*EDGES, (64, 1000, 300)], gpu_cases)
-    assert kernel._twin is not None and kernel._twin.config.stages == 2
+    twins = list(kernel._instead.values())  # the kernels run in this one's place
+    assert len(twins) == 1 and not twins[0].config.tma and twins[0].config.stages == 2
 
 
 def test_copied_a_from_torch_on_a_side_stream(gpu_cases):
@@ -366,14 +380,14 @@ def test_torch_in_torch_out_on_current_stream(gpu_cases):
 
 def test_torch_launch_stream_is_the_current_one():
     torch = pytest.importorskip("torch")
-    from nmgen.gpu.launch import _stream, operand
+    from nmgen.runtime.device import launch_stream, operand
 
     x = torch.randn(4, 4, device="cuda")
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        chosen = _stream(None, operand(x, "a"))
+        chosen = launch_stream(None, operand(x, "a"))
         assert chosen.ptr == side.cuda_stream != torch.cuda.default_stream().cuda_stream
-    assert _stream(None, operand(x, "a")).ptr == torch.cuda.current_stream().cuda_stream
+    assert launch_stream(None, operand(x, "a")).ptr == torch.cuda.current_stream().cuda_stream
 
 
 def test_bad_inputs_raise_clear_errors():
@@ -383,7 +397,7 @@ def test_bad_inputs_raise_clear_errors():
     kernel = nmgen.Kernel(config)
     b = nmgen.prune(np.random.default_rng().standard_normal((64, 40)), "2:4", 8)
     a = cp.random.standard_normal((10, 64), dtype=cp.float32)
-    with pytest.raises(TypeError, match="float32"):
+    with pytest.raises(TypeError, match="takes f32 activations"):
         kernel(a.astype(cp.float64), b)
     with pytest.raises(TypeError, match="NumPy"):
         kernel(a.get(), b)

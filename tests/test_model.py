@@ -9,18 +9,12 @@ from pathlib import Path
 import pytest
 
 import nmgen
-from nmgen.config import ALayout, Arch, ConfigError
-from nmgen.model import (
-    GPUS,
-    check_device,
-    estimate,
-    feasible,
-    gpu_of_device_name,
-    gpu_spec,
-    rank,
-    register_budget,
-)
-from nmgen.space import Problem, enumerate_configs, random_config
+from nmgen.families.f32_simt.family import enumeration
+from nmgen.families.f32_simt.model import estimate, feasible, rank, register_budget
+from nmgen.families.f32_simt.space import SPACE
+from nmgen.families.space import ConfigError
+from nmgen.gpus import GPUS, Arch, check_device, gpu_of_device_name, gpu_spec
+from nmgen.problem import ALayout, Problem
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "core_h100" / "bench_core.json"
 
@@ -108,7 +102,7 @@ def test_split_k_pays_for_its_reduction():
 
 
 def test_rank_is_deterministic_and_feasible():
-    configs = list(enumerate_configs(Problem(8, 32, 32)))
+    configs = list(enumeration(Problem(8, 32, 32), SPACE))
     ranked = rank(configs, GPUS["h100"], 1024, 4096, 4096)
     assert ranked == rank(list(reversed(configs)), GPUS["h100"], 1024, 4096, 4096)
     assert all(feasible(c, GPUS["h100"]) is None for _, c in ranked)
@@ -142,12 +136,14 @@ def _valid(name: str) -> bool:
 def test_register_estimate_tracks_ptxas(seed):
     """ptxas stays within the budget the estimate implies (launch bounds), no spills, and
     the estimate is not wildly above what ptxas needs."""
-    from nmgen.compile import compile_with_nvcc
+    from nmgen.build.nvcc import compile_with_nvcc
 
     rng = random.Random(seed)
     problem = Problem(*rng.choice([(2, 4), (8, 32), (4, 16)]), rng.choice([8, 32]),
                       a_layout=rng.choice(list(ALayout)), arch=Arch.SM90)
-    config = random_config(problem, rng, max_threads=512)
+    config = SPACE.sample(problem, rng)
+    while config.threads > 512:
+        config = SPACE.sample(problem, rng)
     res = compile_with_nvcc(nmgen.render(config)).resources[config.name]
     budget = register_budget(config)
     assert res.registers <= budget and res.spill_stores == 0

@@ -8,22 +8,23 @@ import numpy as np
 import pytest
 
 import nmgen
-from nmgen.prepare import prepare_layout
-from nmgen.space import Problem, random_config
+from nmgen.families.f32_simt import F32_SIMT
+from nmgen.families.f32_simt.prepare import prepare_layout
+from nmgen.problem import Problem
 
 
 def emulate_kernel(a: np.ndarray, b: nmgen.NMMatrix, config: nmgen.KernelConfig) -> np.ndarray:
     """What the generated kernel computes, from the prepared tables alone."""
-    layout = prepare_layout(b, config)
+    tables = F32_SIMT.prepare(b, config).arrays  # what the runtime uploads
+    values, pos, rows = tables["values"], tables["pos"], tables["rows"]
     k_dense, cols = b.shape
-    nb, stages, groups, ws = layout.pos.shape
-    out = np.zeros((a.shape[0], layout.values.shape[1]))
+    nb, stages, groups, ws = pos.shape
+    out = np.zeros((a.shape[0], values.shape[1]))
     for col_block in range(nb):
         for t in range(stages):
-            if config.packing:
-                tile_k = layout.rows[col_block, t]  # -1: zero-filled row
-            else:
-                tile_k = t * config.ks + np.arange(config.ks)
+            # packing: the table's rows (-1: zero-filled); else the stage's KS rows
+            tile_k = (rows[col_block, t] if config.packing
+                      else t * config.ks + np.arange(config.ks))
             valid = (tile_k >= 0) & (tile_k < k_dense)
             tile = np.where(valid[None, :], a[:, np.clip(tile_k, 0, k_dense - 1)], 0.0)
             for g in range(groups):
@@ -33,9 +34,8 @@ def emulate_kernel(a: np.ndarray, b: nmgen.NMMatrix, config: nmgen.KernelConfig)
                 else:
                     col0, width = col_block * config.ns, config.ns
                 for w in range(ws):
-                    brow = layout.values[t * ws + w, col0:col0 + width]
-                    out[:, col0:col0 + width] += np.outer(tile[:, layout.pos[col_block, t, g, w]],
-                                                          brow)
+                    brow = values[t * ws + w, col0:col0 + width]
+                    out[:, col0:col0 + width] += np.outer(tile[:, pos[col_block, t, g, w]], brow)
     return out[:, :cols]
 
 
@@ -43,7 +43,7 @@ def emulate_kernel(a: np.ndarray, b: nmgen.NMMatrix, config: nmgen.KernelConfig)
 def test_prepared_tables_reproduce_the_product(seed):
     rng = random.Random(seed)
     n, m = rng.choice([(2, 4), (1, 4), (4, 16), (12, 32), (3, 7)])
-    config = random_config(Problem(n, m, rng.choice([4, 8, 16, 32, 64])), rng)
+    config = F32_SIMT.space.sample(Problem(n, m, rng.choice([4, 8, 16, 32, 64])), rng)
     data = np.random.default_rng(seed)
     k, cols = rng.randint(1, 150), rng.randint(1, 150)
     b = nmgen.prune(data.standard_normal((k, cols)), (n, m), config.vec)
@@ -61,8 +61,8 @@ def test_narrow_table_holds_the_same_rows_as_uint16():
                                 tma=True)
     wide = narrow.replace(tma=False)
     got, want = prepare_layout(b, narrow), prepare_layout(b, wide)
-    assert got.pos.dtype == np.uint16 and want.pos.dtype == np.int32
-    assert got.key != want.key and np.array_equal(got.pos, want.pos)
+    assert got.arrays["pos"].dtype == np.uint16 and want.arrays["pos"].dtype == np.int32
+    assert got.key != want.key and np.array_equal(got.arrays["pos"], want.arrays["pos"])
     a = rng.standard_normal((3, 300))
     np.testing.assert_allclose(emulate_kernel(a, b, narrow), nmgen.reference(a, b),
                                rtol=1e-9, atol=1e-9)
@@ -73,8 +73,9 @@ def test_packing_loads_fewer_rows_and_reports_its_cost():
     config = nmgen.KernelConfig(4, 32, 32, 64, 128, 128, 8, 8, warp_m=4, warp_n=8,
                                 packing=True)
     layout = prepare_layout(b, config)
-    assert layout.rows.shape[-1] == config.a_rows == 64  # 4 groups x 16 rows < KS = 128
-    live = (layout.rows >= 0).sum(axis=-1)
+    rows = layout.arrays["rows"]
+    assert rows.shape[-1] == config.a_rows == 64  # 4 groups x 16 rows < KS = 128
+    live = (rows >= 0).sum(axis=-1)
     assert live.max() <= 64 and live.mean() < 64  # groups share some rows
     assert layout.seconds > 0 and layout.nbytes > 0
 
@@ -86,7 +87,7 @@ def test_layout_rejects_a_mismatched_weight():
 
 
 def test_random_weight_for_tuning_is_a_valid_nm_matrix():
-    from nmgen.gpu.measure import random_weight
+    from nmgen.runtime.check import random_weight
 
     rng = np.random.default_rng()
     b = random_weight(rng, 3, 7, 8, 50, 30)

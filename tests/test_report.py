@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nmgen.report import geomean, markdown_table
+from nmgen.bench.report import geomean, markdown_table
 
 
 def test_markdown_table():

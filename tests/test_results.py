@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from nmgen.results import FIELDS, BenchRow, read_csv, shapes_table, summary, write_all
+from nmgen.bench.results import FIELDS, BenchRow, read_csv, shapes_table, summary, write_all
 
 ROWS = [
     BenchRow("8:32", 32, 256, 2048, 2048, 0.010, 0.030, 0.012, 0.006, 0.009, 2e-7, "exact",
@@ -100,7 +100,7 @@ def test_csv_markdown_json_hold_the_numbers(tmp_path):
 
 def test_plots_from_recorded_output(tmp_path):
     pytest.importorskip("matplotlib")
-    from nmgen.results import markdown_report
+    from nmgen.bench.results import markdown_report
 
     write_all(ROWS, tmp_path, CEILINGS, {"device": "test GPU"})
     (tmp_path / "bench.md").unlink()  # the tables are written again from the CSV too
@@ -115,7 +115,7 @@ def test_plots_from_recorded_output(tmp_path):
 
 
 def test_by_m_tables(tmp_path):
-    from nmgen.results import by_m_table
+    from nmgen.bench.results import by_m_table
 
     speed = by_m_table(ROWS)
     assert "| 8:32 | 3.00x | 3.20x |" in speed and "| 4:32 | 3.75x | 6.40x |" in speed

@@ -1,14 +1,101 @@
-"""The search space: the core benchmark's hand-picked kernels, the enumeration's disk cache."""
+"""The search space, declared once: the tuner's Optuna parameters, the enumeration, random
+sampling and replay all derive from it and agree; the core benchmark's hand-picked
+kernels; the enumeration's disk cache."""
 
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
-from nmgen.config import ALayout
-from nmgen.space import CORE_BEST, Problem, core_config
+import optuna
+import pytest
+
+from nmgen.families.f32_simt import F32_SIMT
+from nmgen.families.f32_simt.family import enumeration
+from nmgen.families.f32_simt.space import CORE_BEST, CORE_SPACE, SPACE, core_config
+from nmgen.families.space import ConfigError, Param, SearchSpace
+from nmgen.gpus import Arch, gpu_spec
+from nmgen.problem import ALayout, Problem
+from nmgen.tune.replay import search_space
+from nmgen.tune.task import TuneTask
+from nmgen.tune.tuner import suggest_config
 
 CORE_RUN = Path(__file__).resolve().parent.parent / "results" / "core_tma_h100" / "bench_core.json"
+SMALL = Problem(2, 4, 8, a_layout=ALayout.K_MAJOR)
+PROBLEMS = [SMALL, Problem(8, 32, 32), Problem(16, 32, 32, arch=Arch.SM80),
+            Problem(4, 8, 16, a_layout=ALayout.K_MAJOR, arch=Arch.SM90)]
+
+
+def _task(problem: Problem, space: SearchSpace = SPACE) -> TuneTask:
+    gpu = gpu_spec("h100") if problem.arch is Arch.SM90 else gpu_spec("a100")
+    return TuneTask(gpu, F32_SIMT, problem, 256, 512, 512, space=space)
+
+
+@pytest.mark.parametrize("problem", PROBLEMS, ids=str)
+def test_optuna_parameters_are_the_declaration(problem):
+    """A study asks for exactly the declared parameters, each within its declared values
+    (narrowed only by what the problem allows), and a trial of an enumerated
+    configuration's values builds that configuration."""
+    task = _task(problem)
+    choices = task.space.choices(problem)
+    assert tuple(choices) == tuple(p.name for p in SPACE.params)
+    for param in SPACE.params:
+        assert choices[param.name] and set(choices[param.name]) <= set(param.choices)
+    assert choices["a_tile"] == (("tk", "tm", "tr", "tx") if problem.a_layout is
+                                 ALayout.ROW_MAJOR else ("tk",))
+    assert choices["tma"] == ((False, True) if problem.arch is Arch.SM90 else (False,))
+    for config in enumeration(problem, SPACE)[::97]:
+        values = SPACE.values_of(config)
+        assert all(values[name] in choices[name] for name in choices), config.name
+        assert suggest_config(optuna.trial.FixedTrial(values), task) == config
+
+
+@pytest.mark.parametrize("problem", PROBLEMS[:2], ids=str)
+def test_enumeration_is_every_valid_point_of_the_declared_grid(problem):
+    """The enumeration (with its early rejections) is exactly the valid configurations of
+    the declared enumerated values, in the grid's order."""
+    narrow = SPACE.narrowed(ms=(16, 32, 64), ns=(32, 64, 128), mt=(4, 8), nt=(4, 8))
+    grid = [narrow.config(problem, values) for values in narrow.grid(problem)]
+    assert tuple(narrow.enumerate(problem)) == tuple(c for c in grid if c is not None)
+    assert all(c.split_k == 1 and not c.stream_k for c in narrow.enumerate(problem))
+
+
+def test_whole_enumeration_holds_only_valid_distinct_configs():
+    configs = enumeration(Problem(16, 32, 32), SPACE)
+    assert len(configs) > 1000
+    assert len({c.name for c in configs}) == len(configs)
+    assert all(c.smem_bytes <= c.arch.max_smem_per_block for c in configs)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_samples_and_replay_stay_within_the_optuna_parameters(seed):
+    rng = random.Random(seed)
+    problem = rng.choice(PROBLEMS)
+    choices = SPACE.choices(problem)
+    for _ in range(50):
+        config = SPACE.sample(problem, rng)
+        values = SPACE.values_of(config)
+        assert all(values[name] in choices[name] for name in choices)
+        assert SPACE.config(problem, values) == config
+    core_task = _task(SMALL, CORE_SPACE)
+    replayable = search_space(core_task)
+    assert replayable and all(CORE_SPACE.contains(c) for c in replayable)
+
+
+def test_subspaces_narrow_the_declaration():
+    assert all(CORE_SPACE.contains(c) for c in CORE_SPACE.enumerate(SMALL))
+    assert not all(CORE_SPACE.contains(c) for c in enumeration(SMALL, SPACE))
+    with pytest.raises(ValueError, match="no parameter"):
+        SPACE.narrowed(tiles=(1,))
+
+
+def test_a_declaration_cannot_enumerate_values_it_does_not_offer():
+    with pytest.raises(ValueError, match="enumerated values outside"):
+        Param("split_k", (1, 2), enumerated=(3,))
+    with pytest.raises(ConfigError, match="no valid"):
+        SPACE.narrowed(ms=(16,), mt=(16,), warp=("32x1",)).sample(SMALL, random.Random(0),
+                                                                  max_tries=20)
 
 
 def test_core_table_is_the_committed_core_benchmark():
@@ -29,22 +116,22 @@ def test_core_table_is_the_committed_core_benchmark():
 def test_core_config_only_for_the_benchmarked_patterns():
     assert core_config(Problem(2, 4, 32)) is None
     assert core_config(Problem(8, 32, 32, a_layout=ALayout.K_MAJOR)).a_layout is ALayout.K_MAJOR
+    assert core_config(Problem(8, 32, 32, dtype="bf16")) is None
 
 
 def test_enumeration_is_kept_on_disk_and_rebuilt_when_unreadable(tmp_path, monkeypatch):
-    from nmgen.config import ALayout
-    from nmgen.space import Problem, _valid_configs, enumerate_configs, enumeration_cache
+    from nmgen.cache import cache_file
 
     monkeypatch.setenv("NMGEN_CACHE_DIR", str(tmp_path))
-    problem = Problem(2, 4, 8, a_layout=ALayout.K_MAJOR)
-    build = enumerate_configs.__wrapped__  # past the in-process cache
-    fresh = build(problem)
-    path = enumeration_cache(problem)
+    build = enumeration.__wrapped__  # past the in-process cache
+    fresh = build(SMALL, SPACE)
+    path = cache_file("space", ("f32", SMALL, SPACE), F32_SIMT.source_files())
     assert path.is_relative_to(tmp_path) and path.exists()
-    assert fresh == tuple(_valid_configs(problem))
-    assert build(problem) == fresh  # read back
+    assert fresh == tuple(SPACE.enumerate(SMALL))
+    assert build(SMALL, SPACE) == fresh  # read back
     path.write_bytes(b"not a pickle")
-    assert build(problem) == fresh  # rebuilt, and written again
-    assert build(problem) == fresh and path.read_bytes() != b"not a pickle"
-    other = enumeration_cache(Problem(2, 4, 16, a_layout=ALayout.K_MAJOR))
+    assert build(SMALL, SPACE) == fresh  # rebuilt, and written again
+    assert build(SMALL, SPACE) == fresh and path.read_bytes() != b"not a pickle"
+    other = cache_file("space", ("f32", Problem(2, 4, 16, a_layout=ALayout.K_MAJOR), SPACE),
+                       F32_SIMT.source_files())
     assert other != path

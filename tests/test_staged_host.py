@@ -12,7 +12,8 @@ import textwrap
 import pytest
 
 import nmgen
-from nmgen.config import ALayout, KernelConfig
+from nmgen.families.f32_simt.config import KernelConfig
+from nmgen.problem import ALayout
 
 pytestmark = pytest.mark.nvcc  # a C++ compiler; required in CI with nvcc
 

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from nmgen.compile import nvcc_path
-from nmgen.gpu import launch, timing
+from nmgen.build import nvrtc
+from nmgen.build.nvcc import nvcc_path
+from nmgen.build.pool import AHEAD_NICE, CompilePool
+from nmgen.runtime import launch, timing
 
 
 @pytest.mark.nvcc
@@ -51,7 +53,7 @@ def test_queue_ahead_keeps_device_time_in():
     import numpy as np
 
     def device_wait(i: int) -> None:
-        launch._wait_kernel()((1,), (1,), (np.uint64(200_000),))
+        launch.wait_kernel()((1,), (1,), (np.uint64(200_000),))
 
     assert 0.195 <= timing.time_ms(device_wait, repeat=9) < 0.26
 
@@ -64,7 +66,7 @@ def test_budget_bounds_the_repeats_of_a_long_kernel():
 
     def long_kernel(i: int) -> None:
         calls.append(i)
-        launch._wait_kernel()((1,), (1,), (np.uint64(20_000_000),))  # 20 ms on the GPU
+        launch.wait_kernel()((1,), (1,), (np.uint64(20_000_000),))  # 20 ms on the GPU
 
     ms = timing.time_ms(long_kernel, warmup=1, repeat=15, budget_ms=50.0)
     assert 19.5 <= ms < 22
@@ -79,17 +81,24 @@ def _fake_compile(config_json: str) -> str | None:
     and fails the two-stage kernels."""
     import os
 
-    from nmgen.config import KernelConfig
-
-    name = KernelConfig.from_json(config_json).name
+    name = _config_of(config_json).name
     with open(os.environ["NMGEN_TEST_COMPILE_LOG"], "a") as log:
         log.write(f"{name} {os.getpid()}\n")
     time.sleep(0.2)
     return f"{name}: failed (test)" if "_s2_" in name else None
 
 
+def _config_of(config_json: str):
+    """The configuration a compile process gets (as ``nvrtc.compile_one`` rebuilds it)."""
+    import json
+
+    from nmgen.families.registry import config_from_dict
+
+    return config_from_dict(json.loads(config_json))
+
+
 def _configs():
-    from nmgen.config import KernelConfig
+    from nmgen.families.f32_simt.config import KernelConfig
 
     return [KernelConfig(8, 32, 32, 128, 128, 64, 8, 8, warp_m=8, warp_n=4, stages=s,
                          a_tile=t) for s in (1, 2, 3) for t in ("tk", "tm")]
@@ -99,7 +108,7 @@ def test_compile_ahead_once_a_kernel(tmp_path, monkeypatch):
     log = tmp_path / "compiled.txt"
     monkeypatch.setenv("NMGEN_TEST_COMPILE_LOG", str(log))
     configs = _configs()
-    with timing.CompilePool(2, ahead_workers=2, compile_one=_fake_compile) as pool:
+    with CompilePool(2, ahead_workers=2, compile_one=_fake_compile) as pool:
         assert pool.ahead(configs[:4]) == 4
         assert pool.ahead(configs[:2]) == 0  # queued already
         errors = pool.compile(configs[2:])  # two under way ahead, two not
@@ -118,10 +127,8 @@ def _locked_compile(config_json: str) -> str | None:
     burning CPU for the first 0.15 s of it."""
     import os
 
-    from nmgen.config import KernelConfig
-
-    name = KernelConfig.from_json(config_json).name
-    with timing.host_lock(name, Path(os.environ["NMGEN_TEST_LOCKS"])):
+    name = _config_of(config_json).name
+    with nvrtc.host_lock(name, Path(os.environ["NMGEN_TEST_LOCKS"])):
         start = time.process_time()
         while time.process_time() - start < 0.15:
             pass
@@ -137,7 +144,7 @@ def test_compile_stats_count_cpu_and_lock_waits(tmp_path, monkeypatch):
 
     monkeypatch.setenv("NMGEN_TEST_LOCKS", str(tmp_path))
     configs = _configs()[:2]
-    pools = [timing.CompilePool(2, compile_one=_locked_compile) for _ in range(2)]
+    pools = [CompilePool(2, compile_one=_locked_compile) for _ in range(2)]
     for pool in pools:
         pool._executor().submit(time.sleep, 0).result()  # processes started before timing
     threads = [threading.Thread(target=p.compile, args=(configs,)) for p in pools]
@@ -161,7 +168,7 @@ def test_submit_returns_while_the_batch_compiles(tmp_path, monkeypatch):
     log = tmp_path / "compiled.txt"
     monkeypatch.setenv("NMGEN_TEST_COMPILE_LOG", str(log))
     configs = _configs()
-    with timing.CompilePool(3, compile_one=_fake_compile) as pool:
+    with CompilePool(3, compile_one=_fake_compile) as pool:
         pool._executor().submit(time.sleep, 0).result()  # processes started
         begun = time.perf_counter()
         batch = pool.submit(configs[:3])
@@ -178,7 +185,7 @@ def test_batches_that_want_one_kernel_share_its_compile(tmp_path, monkeypatch):
     log = tmp_path / "compiled.txt"
     monkeypatch.setenv("NMGEN_TEST_COMPILE_LOG", str(log))
     configs = _configs()
-    with timing.CompilePool(4, ahead_workers=1, compile_one=_fake_compile) as pool:
+    with CompilePool(4, ahead_workers=1, compile_one=_fake_compile) as pool:
         first = pool.submit(configs[:4])
         second = pool.submit(configs[2:])  # two of them under way for the first batch
         errors = [first.errors(), second.errors()]
@@ -195,7 +202,7 @@ def test_batches_that_want_one_kernel_share_its_compile(tmp_path, monkeypatch):
 def test_no_ahead_processes_no_ahead_compiles(tmp_path, monkeypatch):
     log = tmp_path / "compiled.txt"
     monkeypatch.setenv("NMGEN_TEST_COMPILE_LOG", str(log))
-    with timing.CompilePool(1, ahead_workers=0, compile_one=_fake_compile) as pool:
+    with CompilePool(1, ahead_workers=0, compile_one=_fake_compile) as pool:
         assert pool.ahead(_configs()) == 0
         assert pool.compile(_configs()[:1]) == []
     assert log.read_text().split()[::2] == [_configs()[0].name]
@@ -205,7 +212,7 @@ def test_queued_ahead_but_not_started_compiles_in_the_batch_pool(tmp_path, monke
     log = tmp_path / "compiled.txt"
     monkeypatch.setenv("NMGEN_TEST_COMPILE_LOG", str(log))
     configs = _configs()
-    with timing.CompilePool(3, ahead_workers=1, compile_one=_fake_compile) as pool:
+    with CompilePool(3, ahead_workers=1, compile_one=_fake_compile) as pool:
         pool.start()
         assert pool.ahead(configs) == len(configs)
         errors = pool.compile(configs)  # one process ahead: most are still queued there
@@ -222,7 +229,7 @@ def test_time_in_turns_times_each_alike():
     import numpy as np
 
     def wait(us: int):
-        return lambda i: launch._wait_kernel()((1,), (1,), (np.uint64(us * 1000),))
+        return lambda i: launch.wait_kernel()((1,), (1,), (np.uint64(us * 1000),))
 
     times = timing.time_in_turns({"short": wait(100), "long": wait(300)}, rounds=3, repeat=5)
     assert 0.095 <= times["short"] < 0.15 and 0.295 <= times["long"] < 0.35, times
@@ -236,7 +243,7 @@ def test_host_lock_lets_one_holder_in_at_a_time(tmp_path):
     spans: dict[str, list[tuple[float, float]]] = {"a": [], "b": []}
 
     def hold(name: str) -> None:
-        with timing.host_lock(name, tmp_path):
+        with nvrtc.host_lock(name, tmp_path):
             start = time.perf_counter()
             time.sleep(0.2)
             spans[name].append((start, time.perf_counter()))
@@ -255,10 +262,8 @@ def _nice_compile(config_json: str) -> str | None:
     """Stands in for NVRTC: notes each kernel with the niceness of the process compiling it."""
     import os
 
-    from nmgen.config import KernelConfig
-
     with open(os.environ["NMGEN_TEST_COMPILE_LOG"], "a") as log:
-        log.write(f"{KernelConfig.from_json(config_json).name} {os.nice(0)}\n")
+        log.write(f"{_config_of(config_json).name} {os.nice(0)}\n")
     return None
 
 
@@ -268,20 +273,20 @@ def test_ahead_processes_yield_the_cpu_to_the_batch(tmp_path, monkeypatch):
     log = tmp_path / "compiled.txt"
     monkeypatch.setenv("NMGEN_TEST_COMPILE_LOG", str(log))
     configs = _configs()
-    with timing.CompilePool(2, ahead_workers=1, compile_one=_nice_compile) as pool:
+    with CompilePool(2, ahead_workers=1, compile_one=_nice_compile) as pool:
         pool.ahead(configs[:1])
         pool.compile(configs[1:3])
         pool._ahead[configs[0].name].result()  # done ahead, not cancelled at the close
     nice = dict(line.split() for line in log.read_text().splitlines())
     base = os.nice(0)
-    assert int(nice[configs[0].name]) == min(19, base + timing.AHEAD_NICE)
+    assert int(nice[configs[0].name]) == min(19, base + AHEAD_NICE)
     assert int(nice[configs[1].name]) == int(nice[configs[2].name]) == base
 
 
 def _compile_in_pool(config_json: str) -> tuple[str | None, bool]:
     """Runs in a compile process: nmgen's compile step, then whether it made a context."""
-    error = timing._compile_one(config_json)
-    return error, timing.has_cuda_context()
+    error = nvrtc.compile_one(config_json)
+    return error, nvrtc.has_cuda_context()
 
 
 @pytest.mark.gpu
@@ -290,12 +295,12 @@ def test_compile_processes_fill_the_cache_without_a_cuda_context(tmp_path, monke
     what they compile is then loaded here from CuPy's cache, not compiled again."""
     import cupy as cp
 
+    from nmgen.build.nvrtc import NVRTC_OPTIONS
     from nmgen.codegen import render
-    from nmgen.gpu.launch import NVRTC_OPTIONS
 
     monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
     configs = _configs()[:2]
-    with timing.CompilePool(2, ahead_workers=1) as pool:
+    with CompilePool(2, ahead_workers=1) as pool:
         results = [pool._executor().submit(_compile_in_pool, configs[0].to_json()).result(),
                    pool._ahead_executor().submit(_compile_in_pool, configs[1].to_json()).result()]
     assert results == [(None, False), (None, False)]

@@ -7,10 +7,14 @@ import numpy as np
 import pytest
 
 import nmgen
-from nmgen.config import ALayout
-from nmgen.db import TrialStatus, connect, summary, trials_of
 from nmgen.dispatch import Dispatcher
-from nmgen.model import GPUS, check_device, gpu_of_device_name
+from nmgen.families.f32_simt import F32_SIMT
+from nmgen.gpus import GPUS, check_device, gpu_of_device_name
+from nmgen.policy import summary
+from nmgen.problem import ALayout
+from nmgen.store.database import connect
+from nmgen.store.records import trials_of
+from nmgen.store.tables import TrialStatus
 
 pytestmark = pytest.mark.gpu
 SHAPES = [(64, 256, 512), (33, 200, 300)]
@@ -18,14 +22,15 @@ SHAPES = [(64, 256, 512), (33, 200, 300)]
 
 @pytest.fixture(scope="module")
 def tuned_db(tmp_path_factory):
-    from nmgen.gpu.launch import device_info
-    from nmgen.tuner import Tuner, TuneTask
+    from nmgen.runtime.device import device_info
+    from nmgen.tune.task import TuneTask
+    from nmgen.tune.tuner import Tuner
 
     info = device_info()
     gpu = GPUS[gpu_of_device_name(info.name)]
     url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'tuned.db'}"
     tuner = Tuner(connect(url), url, trials=10, batch=5, workers=4, ahead_workers=2)
-    tasks = [TuneTask(gpu, 4, 8, 16, ALayout.ROW_MAJOR, *s) for s in SHAPES]
+    tasks = [TuneTask.of(gpu, F32_SIMT, 4, 8, 16, ALayout.ROW_MAJOR, s) for s in SHAPES]
     queued = tuner.compile_ahead(tasks[1:])  # the second study's seeds, during the first
     reports = [tuner.tune(task) for task in tasks]
     ahead = dict(tuner._compile_pool._ahead)
@@ -47,14 +52,17 @@ def test_cross_check_measures_a_neighbours_winner_never_tried(tmp_path):
     """A tuned neighbour's winner that the first shape never tried is compiled, checked and
     timed there for real by the cross-check, and the fastest then wins."""
     from nmgen.codegen import render
-    from nmgen.db import record_trial
-    from nmgen.gpu.launch import device_info
-    from nmgen.tuner import GpuMeasurer, Tuner, TuneTask, model_seeds
+    from nmgen.runtime.device import device_info
+    from nmgen.store.records import record_trial
+    from nmgen.tune.measurers import GpuMeasurer
+    from nmgen.tune.task import TuneTask
+    from nmgen.tune.tuner import Tuner, model_seeds
 
     gpu = GPUS[gpu_of_device_name(device_info().name)]
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
     tuner = Tuner(connect(url), url, trials=6, batch=3, workers=4)
-    first, neighbour = (TuneTask(gpu, 4, 8, 16, ALayout.ROW_MAJOR, *s) for s in SHAPES)
+    first, neighbour = (TuneTask.of(gpu, F32_SIMT, 4, 8, 16, ALayout.ROW_MAJOR, s)
+                        for s in SHAPES)
     tuner.tune(first)
     key = GpuMeasurer.key_of(first)
     tried = {r.config_row.name for r in trials_of(tuner.engine, key)}
@@ -86,13 +94,13 @@ def test_tune_finds_a_correct_winner_and_resumes(tuned_db):
 
 
 def test_trials_record_status_and_model(tuned_db):
-    from nmgen.dispatch import template_hash
-    from nmgen.gpu.launch import device_info
-    from nmgen.tuner import TuneTask
+    from nmgen.runtime.device import device_info
+    from nmgen.tune.task import TuneTask
 
     url, reports, *_ = tuned_db
     info = device_info()
-    key = reports[0].task.key(info.name, info.cuda_version, template_hash())
+    key = reports[0].task.key(info.name, info.cuda_version)
+    assert key.template_hash == F32_SIMT.generator_hash()  # what dispatch looks up
     trials = trials_of(connect(url), key)
     assert trials and all(t.status in vars(TrialStatus).values() for t in trials)
     assert all(t.model_ms and t.time_ms for t in trials if t.status == TrialStatus.OK)
@@ -134,7 +142,7 @@ def test_dispatch_torch_and_model_fallback():
 
 
 def test_gpu_mismatch_names_the_device():
-    from nmgen.gpu.launch import device_info
+    from nmgen.runtime.device import device_info
 
     info = device_info()
     other = "a100" if gpu_of_device_name(info.name) != "a100" else "h100"
