@@ -12,12 +12,25 @@ from pathlib import Path
 import pytest
 
 import nmgen
-from nmgen.carry import carry, render_hashes
-from nmgen.db import ProblemKey, TrialStatus, best_per_problem, connect, record_trial, trials_of
-from nmgen.dispatch import template_hash
-from nmgen.space import Problem, core_config
+from nmgen.families.f32_simt import F32_SIMT
+from nmgen.families.f32_simt.space import core_config
+from nmgen.policy import best_per_problem
+from nmgen.problem import Problem
+from nmgen.store.database import connect
+from nmgen.store.records import ProblemKey, record_trial, trials_of
+from nmgen.store.tables import TrialStatus
+from nmgen.tune.carry import carry, render_hashes
 
 ROOT = Path(__file__).resolve().parent.parent
+TEMPLATE = Path("nmgen/families/f32_simt/templates/nm_spmm_f32.cu.j2")
+
+
+def template_hash() -> str:
+    return F32_SIMT.generator_hash()
+
+
+def old_generator(tree: Path) -> str:
+    return render_hashes(tree, [])[0]["f32"]
 UNSPLIT = nmgen.KernelConfig(8, 32, 32, 64, 128, 64, 8, 8, a_layout="km")
 SPLIT = UNSPLIT.replace(split_k=2)
 CORE_8_32_KM = core_config(Problem(8, 32, 32, nmgen.ALayout.K_MAJOR))
@@ -41,8 +54,7 @@ def older_tree(tmp_path_factory) -> Path:
     split-K kernels' source differs, every other kernel's is the same."""
     root = tmp_path_factory.mktemp("older")
     shutil.copytree(ROOT / "nmgen", root / "nmgen")
-    shutil.copytree(ROOT / "templates", root / "templates")
-    template = root / "templates" / "nm_spmm_f32.cu.j2"
+    template = root / TEMPLATE
     text = template.read_text()
     assert "// Split-K reduction:" in text
     template.write_text(text.replace("// Split-K reduction:", "// Split-K sum:"))
@@ -50,15 +62,15 @@ def older_tree(tmp_path_factory) -> Path:
 
 
 def test_old_generator_renders_in_its_own_tree(older_tree):
-    generator, sources = render_hashes(older_tree, [UNSPLIT.to_dict(), SPLIT.to_dict()])
-    assert generator != template_hash()
+    generators, sources = render_hashes(older_tree, [UNSPLIT.to_dict(), SPLIT.to_dict()])
+    assert set(generators) == {"f32"} and generators["f32"] != template_hash()
     assert sources[UNSPLIT.name] == nmgen.render(UNSPLIT).sha256
     assert sources[SPLIT.name] != nmgen.render(SPLIT).sha256
 
 
 def test_carry_keeps_unchanged_kernels_and_drops_the_rest(older_tree, tmp_path):
     engine = connect(f"sqlite:///{tmp_path / 'tuned.db'}")
-    old, _ = render_hashes(older_tree, [])
+    old = old_generator(older_tree)
     record_trial(engine, key(old), UNSPLIT, old, TrialStatus.OK, time_ms=2.0, model_ms=1.9)
     record_trial(engine, key(old), SPLIT, old, TrialStatus.OK, time_ms=1.0, model_ms=1.2)
     report = carry(engine, older_tree)
@@ -76,7 +88,7 @@ def test_carry_of_some_patterns_leaves_the_rest_for_later(older_tree, tmp_path):
     """`carry --pattern 8:32` carries that pattern's problems; the 16:32 one keeps its
     older generator until a later carry from the same tree."""
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
-    old, _ = render_hashes(older_tree, [])
+    old = old_generator(older_tree)
     other = dataclasses.replace(key(old), n=16)
     record_trial(connect(url), key(old), UNSPLIT, old, TrialStatus.OK, time_ms=2.0)
     record_trial(connect(url), other, UNSPLIT.replace(n=16), old, TrialStatus.OK, time_ms=3.0)
@@ -102,7 +114,7 @@ def test_carry_from_the_command_line(older_tree, tmp_path):
     """`nmgen carry --tree DIR`, as a user runs it; a tree of the same generator as the
     records is an error that names both."""
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
-    old, _ = render_hashes(older_tree, [])
+    old = old_generator(older_tree)
     record_trial(connect(url), key(old), UNSPLIT, old, TrialStatus.OK, time_ms=2.0)
 
     done = carry_cli("--tree", str(older_tree), "--db", url)
@@ -124,11 +136,12 @@ def test_carry_lists_changed_finalists_and_remeasure_times_them(older_tree, tmp_
     """`carry(top=...)` names the changed kernels among a problem's fastest; the tuner's
     `remeasure` records them under the current generator (the model's estimate in a dry
     run) and the problem has its winner again."""
-    from nmgen.model import gpu_spec
-    from nmgen.tuner import Tuner, TuneTask
+    from nmgen.gpus import gpu_spec
+    from nmgen.tune.task import TuneTask
+    from nmgen.tune.tuner import Tuner
 
     engine = connect(f"sqlite:///{tmp_path / 'tuned.db'}")
-    old, _ = render_hashes(older_tree, [])
+    old = old_generator(older_tree)
     record_trial(engine, model_key(old), UNSPLIT, old, TrialStatus.MODEL, time_ms=2.0)
     record_trial(engine, model_key(old), SPLIT, old, TrialStatus.MODEL, time_ms=1.0)
     record_trial(engine, model_key(old, rows=512), UNSPLIT, old, TrialStatus.MODEL,
@@ -137,7 +150,8 @@ def test_carry_lists_changed_finalists_and_remeasure_times_them(older_tree, tmp_
     new = model_key(template_hash())
     assert report.remeasure == {new: [SPLIT]}  # 512 rows: its one kernel was carried
     assert [r.config_row.name for r in trials_of(engine, new)] == [UNSPLIT.name]
-    task = TuneTask(gpu_spec("h100"), 8, 32, 32, nmgen.ALayout.K_MAJOR, 256, 4096, 4096)
+    task = TuneTask.of(gpu_spec("h100"), F32_SIMT, 8, 32, 32, nmgen.ALayout.K_MAJOR,
+                       (256, 4096, 4096))
     winner = Tuner(engine, storage=None, dry_run=True).remeasure(task, report.remeasure[new])
     rows = {r.config_row.name: r for r in trials_of(engine, new)}
     assert set(rows) == {UNSPLIT.name, SPLIT.name}
@@ -149,22 +163,22 @@ def test_carry_lists_changed_finalists_and_remeasure_times_them(older_tree, tmp_
 
 def test_carry_remeasure_from_the_command_line(older_tree, tmp_path):
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
-    old, _ = render_hashes(older_tree, [])
+    old = old_generator(older_tree)
     record_trial(connect(url), model_key(old), SPLIT, old, TrialStatus.MODEL, time_ms=1.0)
     done = carry_cli("--tree", str(older_tree), "--db", url, "--remeasure", "3", "--dry-run")
     assert done.returncode == 0, done.stderr
     assert "0 trials carried" in done.stdout and "1 dropped" in done.stdout
-    assert "[1/1] nmgen_h100_8:32_l32_f32_km_256x4096x4096: 1 remeasured, best" in done.stdout
-    # the carry left the problem without its hand-picked kernel: that is timed too
-    assert "hand-picked kernel timed on 1 problems whose records lack it" in done.stdout
+    assert "[1/1] nmgen_h100_f32_f32_8:32_l32_km_256x4096x4096: 1 remeasured, best" in done.stdout
+    # the carry left the problem without its reference kernel: that is timed too
+    assert "reference kernel timed on 1 problems whose records lack it" in done.stdout
     rows = {r.config_row.name: r.status
             for r in trials_of(connect(url), model_key(template_hash()))}
     assert rows == {SPLIT.name: TrialStatus.MODEL, CORE_8_32_KM.name: TrialStatus.MODEL}
 
 
-def test_core_times_fills_in_the_hand_picked_kernel(tmp_path):
-    """`nmgen core-times` times the hand-picked kernel where a problem's records lack it,
-    once: a second run finds nothing to do; --plan only counts."""
+def test_reference_times_fills_in_the_reference_kernel(tmp_path):
+    """`nmgen reference-times` times the reference kernel where a problem's records lack
+    it, once: a second run finds nothing to do; --plan only counts."""
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
     generator = template_hash()
     record_trial(connect(url), model_key(generator), UNSPLIT, generator, TrialStatus.MODEL,
@@ -173,8 +187,8 @@ def test_core_times_fills_in_the_hand_picked_kernel(tmp_path):
                  TrialStatus.MODEL, time_ms=2.0)
 
     def core_times(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "nmgen.cli", "core-times", "--db", url,
-                               *args], capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-m", "nmgen.cli", "reference-times", "--db",
+                               url, *args], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
         return done.stdout
 
@@ -182,7 +196,7 @@ def test_core_times_fills_in_the_hand_picked_kernel(tmp_path):
     assert len(trials_of(connect(url), model_key(generator))) == 1
     assert "would be timed on 0 problems" in core_times("--plan", "--pattern", "16:32")
     out = core_times("--dry-run")
-    assert "timed on 1 problems" in out and "[1/1] nmgen_h100_8:32_l32_f32_km_256x" in out
+    assert "timed on 1 problems" in out and "[1/1] nmgen_h100_f32_f32_8:32_l32_km_256x" in out
     names = {r.config_row.name for r in trials_of(connect(url), model_key(generator))}
     assert names == {UNSPLIT.name, CORE_8_32_KM.name}
     assert "timed on 0 problems" in core_times("--dry-run")
@@ -193,9 +207,8 @@ def test_carry_remeasure_on_the_gpu(older_tree, tmp_path):
     """`nmgen carry --remeasure` on the device: the changed kernel is checked and timed
     under the current generator, and the finalists are timed again in turns (the old
     records' made-up 50 and 99 ms do not survive)."""
-    from nmgen.db import best_per_problem
-    from nmgen.gpu.launch import device_info
-    from nmgen.model import gpu_of_device_name, gpu_spec
+    from nmgen.gpus import gpu_of_device_name, gpu_spec
+    from nmgen.runtime.device import device_info
 
     info = device_info()
     spec = gpu_spec(gpu_of_device_name(info.name))
@@ -207,13 +220,13 @@ def test_carry_remeasure_on_the_gpu(older_tree, tmp_path):
                           a_layout="km", rows=100, cols=512, depth=1024)
 
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
-    old, _ = render_hashes(older_tree, [])
+    old = old_generator(older_tree)
     record_trial(connect(url), gpu_key(old), UNSPLIT, old, TrialStatus.OK, time_ms=50.0)
     record_trial(connect(url), gpu_key(old), SPLIT, old, TrialStatus.OK, time_ms=99.0)
     done = carry_cli("--tree", str(older_tree), "--db", url, "--remeasure", "2")
     assert done.returncode == 0, done.stderr
     assert "1 remeasured" in done.stdout
-    assert "hand-picked kernel timed on 1 problems" in done.stdout
+    assert "reference kernel timed on 1 problems" in done.stdout
     rows = {r.config_row.name: r for r in trials_of(connect(url), gpu_key(template_hash()))}
     assert set(rows) == {UNSPLIT.name, SPLIT.name, CORE_8_32_KM.name}
     for name in (SPLIT.name, CORE_8_32_KM.name):
@@ -228,7 +241,7 @@ def test_carry_remeasure_on_the_gpu(older_tree, tmp_path):
 def test_carry_plan_writes_nothing(older_tree, tmp_path):
     """`nmgen carry --plan --remeasure TOP` says what a carry would do on a copy."""
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
-    old, _ = render_hashes(older_tree, [])
+    old = old_generator(older_tree)
     record_trial(connect(url), key(old), UNSPLIT, old, TrialStatus.OK, time_ms=2.0)
     record_trial(connect(url), key(old), SPLIT, old, TrialStatus.OK, time_ms=1.0)
     done = carry_cli("--tree", str(older_tree), "--db", url, "--remeasure", "3", "--plan")
@@ -236,6 +249,6 @@ def test_carry_plan_writes_nothing(older_tree, tmp_path):
     assert "1 trials carried" in done.stdout and "1 dropped" in done.stdout
     assert "changed kernels by pattern: 8:32 1" in done.stdout
     assert "would time 1 kernels (1 distinct) of 1 problems; nothing was written" in done.stdout
-    assert "hand-picked kernel would be timed on 1 problems whose records lack it" in done.stdout
+    assert "reference kernel would be timed on 1 problems whose records lack it" in done.stdout
     assert len(trials_of(connect(url), key(old))) == 2  # the database as it was
     assert trials_of(connect(url), key(template_hash())) == []

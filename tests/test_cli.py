@@ -63,14 +63,18 @@ def test_tune_dry_run_show_and_export_from_db(tmp_path):
                        "--db", dry)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("nm_spmm_f32_n2m4l16") == 4  # 2 compiled a problem
-    assert "[2/2] model-nmgen_h100_2:4_l16_f32_rm_17x300x200" in result.stdout
+    assert "[2/2] model-nmgen_h100_f32_f32_2:4_l16_rm_17x300x200" in result.stdout
     assert "regs=" in result.stdout and "2 of 2 complete" in result.stdout
 
-    from nmgen.db import connect, record_trial, summary
+    from nmgen.policy import summary
+    from nmgen.store.database import connect
+    from nmgen.store.records import record_trial
 
     dry_rows = summary(connect(dry))  # the dry run's estimates, never measurements
     assert len(dry_rows) == 2 and all(1 <= r["trials"] <= 3 and r["ok"] == 0
-                                      for r in dry_rows)
+                                      and not r["measured"] for r in dry_rows)
+    shown = nmgen_cli("show", "--db", dry)  # the model's choice, marked as not measured
+    assert shown.returncode == 0 and shown.stdout.count("(model's choice, not measured)") == 2
 
     from tests.test_db_dispatch import FAST, KEY
 
@@ -110,6 +114,12 @@ def test_compile_process_counts_are_checked(tmp_path):
                            option, value)
         assert result.returncode == 2
         assert f"{option} must be at least {least}, not {value}" in result.stderr
+
+
+def test_version_and_defaults_in_help():
+    assert nmgen_cli("--version").stdout.strip() == f"nmgen {nmgen.__version__}"
+    usage = " ".join(nmgen_cli("tune", "--help").stdout.split())
+    assert "default: 16:32,12:32,8:32,4:32" in usage and "default: 40" in usage
 
 
 def test_llama_shapes_file():

@@ -1,6 +1,6 @@
-"""`nmgen stream-k`: the stream-K twins of tuned problems' fastest kernels, chosen by the
-model and timed beside the finalists, on a real SQLite file (a dry run: the model's
-estimates stand in for the GPU's times)."""
+"""`nmgen refine`: a family's refinements of tuned problems' fastest kernels (the FP32
+family's stream-K twins), chosen by the model and timed beside the finalists, on a real
+SQLite file (a dry run: the model's estimates stand in for the GPU's times)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,15 @@ import subprocess
 import sys
 
 import nmgen
-from nmgen.db import ProblemKey, TrialStatus, connect, record_trial, trials_of
-from nmgen.dispatch import template_hash
-from nmgen.refine import stream_k_candidates, stream_k_twin
+from nmgen.families.f32_simt import F32_SIMT
+from nmgen.store.database import connect
+from nmgen.store.records import ProblemKey, record_trial, trials_of
+from nmgen.store.tables import TrialStatus
+from nmgen.tune.refine import refinement_candidates
+
+
+def template_hash() -> str:
+    return F32_SIMT.generator_hash()
 
 # 1024x6656x6656 on 64x128 tiles is 6.3 waves of 132 SMs; 4224x4096x4096 on 128x256 tiles
 # is 4 whole waves, where stream-K has nothing to share out.
@@ -25,8 +31,9 @@ def key(rows: int, cols: int, depth: int) -> ProblemKey:
 
 
 def test_twin_folds_split_and_slices_back():
-    assert stream_k_twin(PARTIAL.replace(split_k=2)) == PARTIAL.replace(stream_k=True)
-    assert stream_k_twin(PARTIAL.replace(ns=64, slice_k=2)).slice_k == 1
+    assert F32_SIMT.refinements(PARTIAL.replace(split_k=2)) == [PARTIAL.replace(stream_k=True)]
+    assert F32_SIMT.refinements(PARTIAL.replace(ns=64, slice_k=2))[0].slice_k == 1
+    assert F32_SIMT.refinements(PARTIAL.replace(stream_k=True)) == []
 
 
 def test_candidates_where_the_model_expects_a_gain(tmp_path):
@@ -34,19 +41,19 @@ def test_candidates_where_the_model_expects_a_gain(tmp_path):
     generator = template_hash()
     record_trial(engine, key(1024, 6656, 6656), PARTIAL, generator, TrialStatus.MODEL, 1.0)
     record_trial(engine, key(4224, 4096, 4096), WHOLE, generator, TrialStatus.MODEL, 1.0)
-    found = stream_k_candidates(engine)
+    found = refinement_candidates(engine)
     assert found == {key(1024, 6656, 6656): [PARTIAL.replace(stream_k=True)]}
-    assert stream_k_candidates(engine, patterns={(8, 32)}) == {}
+    assert refinement_candidates(engine, patterns={(8, 32)}) == {}
 
 
-def test_stream_k_from_the_command_line(tmp_path):
+def test_refine_from_the_command_line(tmp_path):
     """--plan counts, a dry run records the twin, a second run finds nothing to do."""
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
     record_trial(connect(url), key(1024, 6656, 6656), PARTIAL, template_hash(),
                  TrialStatus.MODEL, 1.0)
 
     def stream_k(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "nmgen.cli", "stream-k", "--db", url,
+        done = subprocess.run([sys.executable, "-m", "nmgen.cli", "refine", "--db", url,
                                *args], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
         return done.stdout
@@ -54,7 +61,7 @@ def test_stream_k_from_the_command_line(tmp_path):
     assert "would be timed on 1 problems (1 distinct kernels)" in stream_k("--plan")
     assert len(trials_of(connect(url), key(1024, 6656, 6656))) == 1
     out = stream_k("--dry-run")
-    assert "[1/1] nmgen_h100_16:32_l32_f32_km_1024x6656x6656: 1 remeasured" in out
+    assert "[1/1] nmgen_h100_f32_f32_16:32_l32_km_1024x6656x6656: 1 remeasured" in out
     rows = {r.config_row.name: r.status for r in trials_of(connect(url), key(1024, 6656, 6656))}
     assert rows == {PARTIAL.name: TrialStatus.MODEL,
                     PARTIAL.replace(stream_k=True).name: TrialStatus.MODEL}
@@ -62,7 +69,7 @@ def test_stream_k_from_the_command_line(tmp_path):
 
 
 def test_stream_k_grid_shares_out_the_last_two_waves():
-    from nmgen.gpu.launch import stream_k_grid
+    from nmgen.families.f32_simt.launch import stream_k_grid
 
     assert stream_k_grid(512, 32, 132) == (132, 264)  # 3.9 waves: 2 whole, the rest shared
     assert stream_k_grid(528, 32, 132) == (132, 396)  # 4 whole waves: the last is shared

@@ -9,14 +9,25 @@ import zlib
 
 import pytest
 
-from nmgen.config import ALayout
-from nmgen.db import TrialStatus
-from nmgen.model import estimate, gpu_spec
-from nmgen.replay import MissingRecord, Record, exhaustive_best, read_tables, replay, search_space
-from nmgen.tuner import CORE_SPACE, TuneTask, model_seeds
+from nmgen.families.f32_simt import F32_SIMT
+from nmgen.families.f32_simt.model import estimate
+from nmgen.families.f32_simt.space import CORE_SPACE
+from nmgen.gpus import gpu_spec
+from nmgen.problem import ALayout
+from nmgen.store.tables import TrialStatus
+from nmgen.tune.replay import (
+    MissingRecord,
+    Record,
+    exhaustive_best,
+    read_tables,
+    replay,
+    search_space,
+)
+from nmgen.tune.task import TuneTask
+from nmgen.tune.tuner import model_seeds
 
 SHAPE = (512, 2048, 2048)
-TASK = TuneTask(gpu_spec("h100"), 8, 32, 32, ALayout.K_MAJOR, *SHAPE)
+TASK = TuneTask.of(gpu_spec("h100"), F32_SIMT, 8, 32, 32, ALayout.K_MAJOR, SHAPE)
 
 
 @pytest.fixture(scope="module")

@@ -6,29 +6,28 @@ from __future__ import annotations
 import optuna
 
 from nmgen.codegen import render
-from nmgen.config import ALayout, KernelConfig
-from nmgen.db import (
-    TrialStatus,
-    best_per_problem,
-    connect,
-    record_trial,
-    trials_of,
-    update_times,
-)
-from nmgen.model import gpu_spec
-from nmgen.space import core_config
-from nmgen.tuner import (
+from nmgen.families.f32_simt import F32_SIMT
+from nmgen.families.f32_simt.config import KernelConfig
+from nmgen.families.f32_simt.space import core_config
+from nmgen.gpus import gpu_spec
+from nmgen.policy import best_per_problem
+from nmgen.problem import ALayout
+from nmgen.store.database import connect
+from nmgen.store.records import record_trial, trials_of, update_times
+from nmgen.store.tables import TrialStatus
+from nmgen.tune.measurers import INFEASIBLE_MS, ModelMeasurer
+from nmgen.tune.task import TuneTask
+from nmgen.tune.tuner import (
     FINALISTS,
-    INFEASIBLE_MS,
     SEEDS_FROM_MODEL,
-    ModelMeasurer,
     Tuner,
-    TuneTask,
     model_seeds,
-    params_of,
-    search_choices,
     suggest_config,
 )
+
+
+def task_of(gpu: str, n: int, m: int, vec: int, layout: ALayout, *shape: int) -> TuneTask:
+    return TuneTask.of(gpu_spec(gpu), F32_SIMT, n, m, vec, layout, shape)
 
 
 class FailingMeasurer(ModelMeasurer):
@@ -45,7 +44,7 @@ class FailingTuner(Tuner):
 
 def test_failed_measurements_complete_as_constraint_violations(tmp_path):
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
-    task = TuneTask(gpu_spec("h100"), 2, 4, 16, ALayout.ROW_MAJOR, 64, 256, 512)
+    task = task_of("h100", 2, 4, 16, ALayout.ROW_MAJOR, 64, 256, 512)
     tuner = FailingTuner(connect(url), url, trials=4, batch=4, dry_run=True)
     tuner.tune(task, time_budget_s=2.0)
     study = optuna.load_study(study_name=tuner.study_name(task), storage=url)
@@ -63,7 +62,7 @@ def test_seeds_core_kernel_then_nearest_winners_then_model(tmp_path):
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
     tuner = Tuner(connect(url), url, trials=8, batch=8, dry_run=True)
     shapes = [(256, 2048, 2048), (4096, 8192, 8192), (512, 2048, 2048)]
-    tasks = [TuneTask(gpu_spec("h100"), 8, 32, 32, ALayout.ROW_MAJOR, *s) for s in shapes]
+    tasks = [task_of("h100", 8, 32, 32, ALayout.ROW_MAJOR, *s) for s in shapes]
     for task in tasks[:2]:
         tuner.tune(task)
     key = ModelMeasurer(tasks[2]).key
@@ -83,7 +82,7 @@ def test_seeds_core_kernel_then_nearest_winners_then_model(tmp_path):
 
 def test_report_says_where_the_time_went(tmp_path):
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
-    task = TuneTask(gpu_spec("h100"), 2, 4, 16, ALayout.ROW_MAJOR, 64, 256, 512)
+    task = task_of("h100", 2, 4, 16, ALayout.ROW_MAJOR, 64, 256, 512)
     report = Tuner(connect(url), url, trials=8, batch=4, dry_run=True).tune(task)
     phases = report.phases.seconds
     assert set(phases) == {"setup", "optuna", "compile", "measure", "confirm"}
@@ -95,7 +94,7 @@ def test_finalists_timed_again_before_one_wins(tmp_path):
     """A lucky first timing (here: a slow configuration stored as the fastest) does not
     survive the next call's confirmation of the finalists; the core kernel is one of them."""
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
-    task = TuneTask(gpu_spec("h100"), 8, 32, 32, ALayout.ROW_MAJOR, 256, 2048, 2048)
+    task = task_of("h100", 8, 32, 32, ALayout.ROW_MAJOR, 256, 2048, 2048)
     tuner = Tuner(connect(url), url, trials=8, batch=8, dry_run=True)
     key = ModelMeasurer(task).key
     shape = (256, 2048, 2048)
@@ -122,7 +121,7 @@ def test_finalists_timed_again_before_one_wins(tmp_path):
 
 
 def test_ahead_processes_share_the_host(monkeypatch):
-    from nmgen import tuner
+    from nmgen.tune import tuner
 
     for cpus, local, ahead in ((16, 1, 7), (32, 1, 8), (32, 2, 7), (64, 2, 8), (2, 1, 0),
                                (32, 8, 0)):
@@ -147,12 +146,12 @@ def test_core_kernels_queued_ahead_before_any_ranking(tmp_path, monkeypatch):
     """compile_ahead queues the core kernel of each study before it ranks the space for
     the other seeds (the first ranking takes seconds; the core kernel is the slowest
     seed to compile), and each study's seeds only once."""
-    from nmgen import tuner as tuner_module
+    from nmgen.tune import tuner as tuner_module
 
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
     pool = RecordingPool()
     tuner = Tuner(connect(url), url, ahead_workers=2, _compile_pool=pool)
-    tasks = [TuneTask(gpu_spec("h100"), n, 32, 32, ALayout.ROW_MAJOR, 256, 2048, 2048)
+    tasks = [task_of("h100", n, 32, 32, ALayout.ROW_MAJOR, 256, 2048, 2048)
              for n in (8, 4)]
     monkeypatch.setattr(tuner_module.GpuMeasurer, "key_of",  # no device here
                         staticmethod(lambda task: ModelMeasurer(task).key))
@@ -177,7 +176,7 @@ def test_cross_check_tries_the_winners_of_shapes_tuned_later(tmp_path):
     the fastest, and a second cross-check measures nothing again."""
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
     tuner = Tuner(connect(url), url, trials=4, batch=4, dry_run=True)
-    first, later = (TuneTask(gpu_spec("h100"), 8, 32, 32, ALayout.ROW_MAJOR, *shape)
+    first, later = (task_of("h100", 8, 32, 32, ALayout.ROW_MAJOR, *shape)
                     for shape in ((256, 2048, 2048), (512, 2048, 2048)))
     tuner.tune(first)
     key = ModelMeasurer(first).key
@@ -201,34 +200,35 @@ def test_cross_check_tries_the_winners_of_shapes_tuned_later(tmp_path):
 def test_seed_table_is_kept_on_disk(tmp_path, monkeypatch):
     """The model's table of a space is built once a machine and read back by the next
     process (past the in-process cache here), ranking alike; a broken file is rebuilt."""
-    from nmgen.diskcache import cache_file
-    from nmgen.tuner import SEED_TABLE_SOURCES, _seed_table
+    from nmgen.cache import cache_file
+    from nmgen.tune.tuner import _seed_table
 
     monkeypatch.setenv("NMGEN_CACHE_DIR", str(tmp_path))
-    task = TuneTask(gpu_spec("h100"), 2, 4, 16, ALayout.ROW_MAJOR, 64, 256, 512)
+    task = task_of("h100", 2, 4, 16, ALayout.ROW_MAJOR, 64, 256, 512)
     build = _seed_table.__wrapped__
-    fresh = build(task.gpu, task.problem, task.space)
-    path = cache_file("rank", (task.gpu, task.problem, task.space), SEED_TABLE_SOURCES)
+    fresh = build(task)
+    sources = F32_SIMT.source_files()
+    path = cache_file("rank", ("f32", task.gpu, task.problem, task.space), sources)
     assert path.is_relative_to(tmp_path) and path.exists()
     for _ in range(2):  # read back; then rebuilt from a broken file
-        again = build(task.gpu, task.problem, task.space)
+        again = build(task)
         assert again is not fresh and again.configs == fresh.configs
         assert again.rank(300, 200, 100) == fresh.rank(300, 200, 100)
         path.write_bytes(b"not a pickle")
-    other = TuneTask(gpu_spec("a100"), 2, 4, 16, ALayout.ROW_MAJOR, 64, 256, 512)
-    assert cache_file("rank", (other.gpu, other.problem, other.space),
-                      SEED_TABLE_SOURCES) != path
+    other = task_of("a100", 2, 4, 16, ALayout.ROW_MAJOR, 64, 256, 512)
+    assert cache_file("rank", ("f32", other.gpu, other.problem, other.space),
+                      sources) != path
 
 
 def test_tma_is_searched_where_the_gpu_has_the_engine():
     """The bulk copy engine is a tuned parameter on sm_90 only, and a TMA configuration's
     parameters give it back."""
-    h100 = TuneTask(gpu_spec("h100"), 8, 32, 32, ALayout.K_MAJOR, 1024, 4096, 4096)
-    a100 = TuneTask(gpu_spec("a100"), 8, 32, 32, ALayout.K_MAJOR, 1024, 4096, 4096)
-    assert search_choices(h100)["tma"] == (False, True)
-    assert search_choices(a100)["tma"] == (False,)
+    h100 = task_of("h100", 8, 32, 32, ALayout.K_MAJOR, 1024, 4096, 4096)
+    a100 = task_of("a100", 8, 32, 32, ALayout.K_MAJOR, 1024, 4096, 4096)
+    assert h100.space.choices(h100.problem)["tma"] == (False, True)
+    assert a100.space.choices(a100.problem)["tma"] == (False,)
     config = KernelConfig.from_name(
         "nm_spmm_f32_n8m32l32_ms128ns256ks64_mt16nt8_w8x4_nopack_s3_k1_km_tma_sm90")
     study = optuna.create_study()
-    study.enqueue_trial(params_of(config))
+    study.enqueue_trial(h100.space.values_of(config))
     assert suggest_config(study.ask(), h100) == config

@@ -17,8 +17,19 @@ import pytest
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.orm import Session
 
-from nmgen.db import ConfigRow, ProblemRow, TrialRow, connect
-from nmgen.studies import default_storage_url, give_back_waiting, open_storage
+from nmgen.families.f32_simt import F32_SIMT
+from nmgen.gpus import gpu_spec
+from nmgen.problem import ALayout
+from nmgen.store.database import connect
+from nmgen.store.tables import ConfigRow, ProblemRow, TrialRow
+from nmgen.tune.studies import default_storage_url, give_back_waiting, open_storage
+from nmgen.tune.task import TuneTask
+from nmgen.tune.tuner import Tuner
+from nmgen.tune.workers import run_worker
+
+
+def task_of(m: int) -> TuneTask:
+    return TuneTask.of(gpu_spec("h100"), F32_SIMT, 2, 4, 16, ALayout.ROW_MAJOR, (m, 256, 512))
 
 TRIALS = 10
 PATTERN, VEC = "2:4", "16"
@@ -210,7 +221,7 @@ def test_rdb_storage_on_sqlite_is_refused_for_several_workers(tmp_path, shapes_f
 
 
 def test_fail_orphans_fails_and_requeues_a_dead_workers_trial(tmp_path):
-    from nmgen.studies import fail_orphans
+    from nmgen.tune.studies import fail_orphans
 
     storage = open_storage(f"journal:{tmp_path / 'journal'}")
     study = optuna.create_study(study_name="s", storage=storage)
@@ -250,7 +261,7 @@ def test_devices_worker_killed_the_other_finishes(tmp_path, shapes_file):
 
 APPENDER = """
 import sys
-from nmgen.studies import JournalFile
+from nmgen.tune.studies import JournalFile
 journal = JournalFile(sys.argv[1])
 for i in range(int(sys.argv[3])):
     journal.append_logs([{"writer": sys.argv[2], "i": i, "pad": "x" * 5000}])
@@ -260,7 +271,7 @@ for i in range(int(sys.argv[3])):
 def test_journal_file_keeps_every_record_of_processes_writing_at_once(tmp_path):
     """Three processes append large records at once: every record is read back whole,
     each writer's in its order."""
-    from nmgen.studies import JournalFile
+    from nmgen.tune.studies import JournalFile
 
     path = str(tmp_path / "journal")
     JournalFile(path)  # made before the writers race to make it
@@ -275,7 +286,7 @@ def test_journal_file_keeps_every_record_of_processes_writing_at_once(tmp_path):
 
 HOLDER = """
 import sys, time
-from nmgen.studies import JournalFlock
+from nmgen.tune.studies import JournalFlock
 lock = JournalFlock(sys.argv[1])
 lock.acquire()
 print("held", flush=True)
@@ -285,7 +296,7 @@ lock.release()
 
 
 def test_journal_flock_makes_another_process_wait(tmp_path):
-    from nmgen.studies import JournalFlock
+    from nmgen.tune.studies import JournalFlock
 
     path = str(tmp_path / "journal")
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, path], stdout=subprocess.PIPE,
@@ -305,7 +316,7 @@ def test_journal_file_keeps_every_record_of_threads_writing_at_once(tmp_path):
     record or deadlocking."""
     import threading
 
-    from nmgen.studies import JournalFile
+    from nmgen.tune.studies import JournalFile
 
     journal = JournalFile(str(tmp_path / "journal"))
 
@@ -324,7 +335,7 @@ def test_journal_file_keeps_every_record_of_threads_writing_at_once(tmp_path):
 
 
 def test_journal_storage_uses_the_unsynced_file_with_its_flock(tmp_path):
-    from nmgen.studies import JournalFile, JournalFlock
+    from nmgen.tune.studies import JournalFile, JournalFlock
 
     backend = open_storage(f"journal:{tmp_path / 'journal'}")._backend
     assert isinstance(backend, JournalFile) and isinstance(backend._lock, JournalFlock)
@@ -337,15 +348,10 @@ def test_default_storage_is_a_journal_beside_sqlite_and_the_server_otherwise():
 
 
 def test_under_a_budget_every_study_gets_its_first_batch_before_any_its_second(tmp_path):
-    from nmgen.config import ALayout
-    from nmgen.model import gpu_spec
-    from nmgen.tuner import Tuner, TuneTask
-    from nmgen.workers import run_worker
-
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
     storage = open_storage(f"journal:{tmp_path / 'studies.journal'}")
     tuner = Tuner(connect(url), storage, trials=16, batch=8, dry_run=True, log=lambda s: None)
-    tasks = [TuneTask(gpu_spec("h100"), 2, 4, 16, ALayout.ROW_MAJOR, m, 256, 512)
+    tasks = [task_of(m)
              for m in (32, 64, 128, 256)]
     report = run_worker(tuner, tasks, time_budget_s=600.0, log=lambda s: None)
     assert report.complete == len(tasks)
@@ -362,16 +368,11 @@ def test_under_a_budget_every_study_gets_its_first_batch_before_any_its_second(t
 def test_a_worker_keeps_in_flight_studies_going_at_once(tmp_path, in_flight):
     """With two studies at once, the second starts before the first is done (its batches
     are measured while the other's compile); each still gets exactly its trials."""
-    from nmgen.config import ALayout
-    from nmgen.model import gpu_spec
-    from nmgen.tuner import Tuner, TuneTask
-    from nmgen.workers import run_worker
-
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
     storage = open_storage(f"journal:{tmp_path / 'studies.journal'}")
     tuner = Tuner(connect(url), storage, trials=24, batch=8, dry_run=True,
                   in_flight=in_flight, log=lambda s: None)
-    tasks = [TuneTask(gpu_spec("h100"), 2, 4, 16, ALayout.ROW_MAJOR, m, 256, 512)
+    tasks = [task_of(m)
              for m in (32, 64, 128, 256)]
     report = run_worker(tuner, tasks, log=lambda s: None)
     assert report.complete == report.studies == len(tasks)
@@ -390,15 +391,10 @@ def test_a_worker_keeps_in_flight_studies_going_at_once(tmp_path, in_flight):
 def test_a_study_left_alone_gets_its_batches_side_by_side(tmp_path, in_flight):
     """With nothing else open, a worker asks a study it has under way for more batches at
     once (up to its studies at once); the study still gets exactly its trials."""
-    from nmgen.config import ALayout
-    from nmgen.model import gpu_spec
-    from nmgen.tuner import Tuner, TuneTask
-    from nmgen.workers import run_worker
-
     storage = open_storage(f"journal:{tmp_path / 'studies.journal'}")
     tuner = Tuner(connect(f"sqlite:///{tmp_path / 'tuned.db'}"), storage, trials=24, batch=8,
                   dry_run=True, in_flight=in_flight, log=lambda s: None)
-    task = TuneTask(gpu_spec("h100"), 2, 4, 16, ALayout.ROW_MAJOR, 64, 256, 512)
+    task = task_of(64)
     report = run_worker(tuner, [task], log=lambda s: None)
     assert report.complete == 1
     study = optuna.load_study(study_name=tuner.study_name(task), storage=storage)
@@ -426,7 +422,7 @@ def test_seeds_left_waiting_in_a_full_study_are_given_back():
 
 
 def test_walk_order_pairs_start_at_both_ends_of_their_share():
-    from nmgen.workers import walk_order
+    from nmgen.tune.workers import walk_order
 
     tasks = list(range(20))  # stands for TuneTasks: the order only moves them
     assert walk_order(tasks, 0, 1) == tasks

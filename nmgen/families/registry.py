@@ -88,7 +88,7 @@ def config_from_name(name: str) -> Config:
         config = family.config_from_name(name)
         if config is not None:
             return config
-    raise ConfigError(f"{name!r} is not the name of a kernel of any family "
+    raise ConfigError(f"{name!r} is not a kernel name of any family "
                       f"({', '.join(sorted(_FAMILIES))})")
 
 
