@@ -17,7 +17,7 @@ HOST_ONLY = frozenset({
     "nmgen/families/space.py", "nmgen/families/f32_simt/space.py",
     "nmgen/bench/report.py", "nmgen/bench/results.py", "nmgen/bench/plots.py",
     "nmgen/tune/studies.py", "nmgen/tune/replay.py", "nmgen/tune/workers.py",
-    "nmgen/tune/refine.py", "nmgen/tune/session.py", "nmgen/tune/maintain.py",
+    "nmgen/tune/refine.py", "nmgen/tune/command.py", "nmgen/tune/maintain.py",
 })
 
 

@@ -46,7 +46,7 @@ def _tasks(args: argparse.Namespace) -> list:
 
 def _tune(args: argparse.Namespace) -> int:
     from .store.database import default_url
-    from .tune.session import device_list, tune_here, tune_on_devices
+    from .tune.command import device_list, tune_here, tune_on_devices
     from .tune.studies import check_storage, default_storage_url
 
     for option, value, least in (("--compile-workers", args.compile_workers, 1),

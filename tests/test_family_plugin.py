@@ -144,9 +144,9 @@ def test_family_compiles_with_nvcc():
 def test_family_kernel_runs_through_dispatch(naive, tmp_path, layout, gpu_cases):
     """On a GPU: the naive kernel, dispatched from its stored record, matches float64 on
     odd shapes, output poisoned first."""
-    import cupy as cp
-
     from dataclasses import replace
+
+    import cupy as cp
 
     from nmgen.gpus import spec_or_h100, table_name
     from nmgen.runtime.device import device_info

@@ -17,7 +17,7 @@ from .nvrtc import compile_arch, compile_one, lock_wait_seconds, start_compile_p
 # Niceness of the processes that compile ahead: what a batch waits for comes first; the
 # seeds of later studies fill the idle cores (two workers on two H200s share 32 CPUs; a
 # study took from 21 % less to 33 % more time on one of them than on a lone worker:
-# results/scale_h200x2/README.md).
+# docs/engineering-notes.md §9-10).
 AHEAD_NICE = 10
 
 
@@ -47,7 +47,7 @@ def _timed(compile_one: Callable[[str], str | None], config_json: str) -> Compil
 @dataclass
 class CompileStats:
     """What one pool's processes did (the tuner logs it at the end: where compile time
-    goes when several workers share a host, results/scale_h200x2/README.md)."""
+    goes when several workers share a host, docs/engineering-notes.md §9-10)."""
 
     kernels: int = 0
     compiled: int = 0  # used NVRTC, not CuPy's cache
@@ -127,7 +127,7 @@ class CompilePool:
         # Every batch compile by kernel name: a batch that wants a kernel another batch is
         # compiling (several studies at once) waits for that compile instead of starting a
         # second one, which would hold a process on the kernel's host lock (3.9-6.3 s a run,
-        # results/scale_h200x2/README.md, run 26; 26 s in a full tune).
+        # docs/engineering-notes.md §9; 26 s in a full tune).
         self._batches: dict[str, Future] = {}
         self.taken_back = 0  # queued ahead, then compiled here before an ahead process began
         self.batch_stats, self.ahead_stats = CompileStats(), CompileStats()

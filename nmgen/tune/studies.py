@@ -81,7 +81,7 @@ def is_sqlite(url: str) -> bool:
 def default_storage_url(db_url: str) -> str:
     """A journal file beside a SQLite database (safe for the workers of one host; for one
     worker faster than Optuna's RDB storage on SQLite, which commits every parameter:
-    results/storage_dryrun); the database server itself when there is one."""
+    docs/engineering-notes.md §9); the database server itself when there is one."""
     if is_sqlite(db_url):
         path = db_url.split("///", 1)[1] if "///" in db_url else "nmgen-optuna"
         return f"{JOURNAL_PREFIX}{path}.optuna-journal"
@@ -147,7 +147,7 @@ class JournalFlock(JournalFileOpenLock):
 class JournalFile(JournalFileBackend):
     """Optuna's journal file without an ``fsync`` after each record. Optuna writes a
     record for every parameter a trial suggests, and the syncs were about half of a
-    worker's Optuna time, more with two workers on one disk (results/storage_dryrun/).
+    worker's Optuna time, more with two workers on one disk (docs/engineering-notes.md §9).
     A record is in the operating system's hands once written, so a killed worker still
     loses nothing; only a crash of the host itself could."""
 

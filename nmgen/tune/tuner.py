@@ -171,7 +171,7 @@ class Tuner:
     workers: int = 8
     ahead_workers: int = 0  # compile processes for the next studies' seeds (0: none)
     # Studies a worker keeps going at once (workers.run_worker): eight took 0.78 of three's
-    # wall on the H100 (results/tune_speed_h100/README.md, run 12); more gained nothing.
+    # wall on the H100 (docs/engineering-notes.md §9); more gained nothing.
     in_flight: int = 8
     dry_run: bool = False
     seed: int = 0
@@ -265,7 +265,7 @@ class Tuner:
         it by another worker), then time the finalists again. Their kernels are compiled
         already, so this costs a few timings a shape, and a winner depends less on the
         order the shapes were tuned in: with two workers, a worker's first shape has no
-        tuned neighbours to start from (results/scale_h200x2/README.md, run 13 on).
+        tuned neighbours to start from (docs/engineering-notes.md §10).
         Returns the problem's winner before and after."""
         measurer = self.measurer(task)
         status = TrialStatus.MODEL if self.dry_run else TrialStatus.OK

@@ -57,7 +57,7 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
     """Tune ``tasks`` (with other workers, through the tuner's storage) until every study
     has its trials or the budget is spent. ``tuner.in_flight`` studies go at once: while
     one study's batch compiles, another's is measured (tuning waited on compiles for 70 %
-    of its time with one study at a time, results/scale_h200x2/README.md, run 25)."""
+    of its time with one study at a time, docs/engineering-notes.md §9)."""
     start = time.monotonic()
     order = walk_order(tasks, index, count)
     worked: set[str] = set()
@@ -158,7 +158,7 @@ def _joins(tuner: Tuner, order: Sequence[TuneTask], time_budget_s: float, start:
     most first, each again while it has (the caller stops asking once its studies at once
     are going). Their batches then run side by side, as two workers' batches of one study
     do, instead of one after another at the end of the run (a study's last batches were
-    the tail of a run: results/scale_h200x2/README.md, run 26)."""
+    the tail of a run: docs/engineering-notes.md §9)."""
     here = busy()
     for task in sorted((t for t in order if t.study_name in here),
                        key=lambda t: _unasked(tuner, t), reverse=True):
@@ -182,7 +182,7 @@ def walk_order(tasks: Sequence[TuneTask], index: int, count: int) -> list[TuneTa
     odd count the last worker walks its share alone). A shapes file lists related shapes
     together (M ascending, say); two workers that start on related shapes compile the same
     kernels side by side. Started at the two ends, two workers compiled about as many
-    kernels as one (results/scale_h200x2/README.md, runs 24 and 25; no wall-time gain
+    kernels as one (docs/engineering-notes.md §10; no wall-time gain
     was measured, the host's drift being larger)."""
     size, count = len(tasks), max(count, 1)
     if index % 2 == 0:

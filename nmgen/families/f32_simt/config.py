@@ -183,7 +183,7 @@ class KernelConfig:
     def waits_for_copy(self) -> bool:
         """The main kernel is a programmatic dependent launch of A's copy (sm_90 and later):
         it starts as the copy's blocks finish and waits for the copy's writes at its top
-        (``griddepcontrol.wait``); 1.0-1.6 us a call (results/row_major_launch_h100/)."""
+        (``griddepcontrol.wait``); 1.0-1.6 us a call (docs/engineering-notes.md §6)."""
         return self.a_copied and self.arch.number >= 90
 
     @property

@@ -4,7 +4,7 @@ of M: the launcher (``nmgen.gpu.launch``) runs it, the model (``nmgen.model``) p
 Chunk j's copy then overlaps chunk j-1's main kernel (H100 at 4096^3: 1.03 of K-major A at
 8:32 instead of 1.06, 1.08 instead of 1.12 at 4:32). The limits come from timing the
 pipelined launch against one copy on the 118 tuned row-major problems that it applied to
-first (results/chunked_tx_h100/README.md): chunks too short for the overlap to pay for
+first (docs/engineering-notes.md §6): chunks too short for the overlap to pay for
 their boundaries, or a short last chunk, lost up to 6 %. Scalars or NumPy arrays alike.
 """
 

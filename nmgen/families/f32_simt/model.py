@@ -21,13 +21,13 @@ from .config import MAX_REGISTERS, ATile, KernelConfig
 from .copy_plan import copy_chunk_rows, pipelined
 
 MAX_BLOCKS_PER_SM = 32
-# Calibration against the core benchmark on an H100 (results/core_h100): the share of
-# issue slots the best kernels fill, and the fixed cost of one main-loop stage (barrier,
-# pipeline turn-around) in cycles.
+# Calibration against the core benchmark on an H100 (results/core_h100/bench_core.json):
+# the share of issue slots the best kernels fill, and the fixed cost of one main-loop
+# stage (barrier, pipeline turn-around) in cycles.
 STALL_FACTOR = 0.70
 # Row-major A transposed inside the kernel (landing "tk" and staged "tr" tiles) waits on
 # its transposing loads and stores: their best kernels were 12-19 % slower than the best
-# on K-major A in the core benchmark of the eighth session (results/core_h100, 4096^3),
+# on K-major A in the core benchmark (results/core_h100/bench_core.json, 4096^3),
 # beyond what their extra instructions explain.
 IN_KERNEL_TRANSPOSE_FACTOR = 0.88
 STAGE_OVERHEAD_CYCLES = 1200
@@ -36,7 +36,7 @@ FULL_OCCUPANCY_WARPS = 8
 # Row-major A read M-major in the inner loop ("tm": scalar A reads) waits on them beyond
 # their issue cost: with this factor the model orders the best tm and tx kernels of 201 of
 # the 207 row-major H100 problems in tuned_db/ as measured (181 without;
-# results/model_tiles_h100.md).
+# docs/engineering-notes.md §8).
 M_MAJOR_FACTOR = 0.9
 # Sliced K: after the main loop each slice but one passes the tile through shared memory
 # behind a barrier, taken to cost about a stage's fixed overhead (not yet calibrated).
@@ -46,17 +46,17 @@ SLICE_REDUCE_CYCLES = STAGE_OVERHEAD_CYCLES
 # (not yet calibrated).
 STREAM_K_FIXUP_CYCLES = 4 * STAGE_OVERHEAD_CYCLES
 # ... and its kernel runs a tile 2-7 % slower than the data-parallel one of the same tiles,
-# even one block a tile (results/stream_k_h100/: 4224x4096x4096 on 128x256 tiles, H100).
+# even one block a tile (docs/engineering-notes.md §7: 4224x4096x4096 on 128x256 tiles, H100).
 STREAM_K_FACTOR = 0.95
 # A single-stage block waits for every stage's copy with nothing of its own to overlap it;
 # the other blocks on its SM hide that wait in part: EXPOSED_COPY_CYCLES / (blocks an SM)
-# a stage. Fitted on the sliced-K A/B of results/slice_ab_h100 (H100, K-major,
+# a stage. Fitted on the sliced-K A/B of docs/engineering-notes.md §7 (H100, K-major,
 # M <= 1024), where it orders 257 of its 401 kernel pairs as measured (187 without) and
 # picks the measured best in 33 of 48 problems (21 without), and on the 800 problems of
 # tuned_db/ (tools/model_order_check.py): 0.788 of their measured pairs in order and a
 # median regret of the model's pick of 1.031, against 0.763 and 1.072 when only a block
 # alone on its SM paid 2000 cycles (0.807 and 1.023 with the split-K reduction's own time
-# below; results/model_order_h100.md).
+# below; docs/engineering-notes.md §8).
 EXPOSED_COPY_CYCLES = 4000
 # Instruction counts read off the SASS of the main loop (sm_90): per compressed row the
 # index read and addressing; per stage the copies, the transposition and the loop/barrier.
@@ -73,7 +73,7 @@ COPY_LAUNCH_US = 2.0
 # Where the launcher pipelines that copy in chunks (nmgen.copy_plan), the first chunk's
 # copy is exposed in full and the rest cost this share of theirs: at 4096^3, four chunks,
 # the pipelined launch's time over K-major A was 0.52-0.66 of one copy's
-# (results/chunked_tx_h100/core_pipelined2.md), a rest share of 0.35-0.54.
+# (docs/engineering-notes.md §6), a rest share of 0.35-0.54.
 PIPELINED_COPY_REST = 0.4
 # Reserved by the driver per resident block (CUDA occupancy calculator).
 SMEM_RESERVED_PER_BLOCK = 1024
@@ -313,7 +313,7 @@ def _predict(c: _Columns, gpu: GpuSpec, m_rows: int, n_cols: int, k: int) -> dic
                          * _copy_share(c, gpu, m_rows, col_blocks, k), 0.0)
     # Split-K: the main kernel writes its slices (c_bytes); the reduction kernel then reads
     # them and writes C, after it (in the max() with the main kernel's compute the model
-    # had let it hide: results/model_order_h100.md).
+    # had let it hide: docs/engineering-notes.md §8).
     reduce_ms = np.where(c.split_k > 1,
                          _extra_kernel_ms(gpu, 4.0 * m_rows * n_cols * (c.split_k + 1)), 0.0)
     time_ms = (np.maximum(compute_ms, memory_ms) / wave_eff + overhead_ms + copy_a_ms

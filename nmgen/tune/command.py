@@ -1,4 +1,4 @@
-"""A tuning run as the ``nmgen tune`` command starts it: the worker of this process, or one
+"""The ``nmgen tune`` command: the worker of this process, or one
 worker process a GPU (``--devices``) under a supervisor, and the dry run's report."""
 
 from __future__ import annotations
