@@ -107,11 +107,11 @@ def _carry(args: argparse.Namespace) -> int:
         if args.plan:
             print_plan(report, args.remeasure)
         elif report.remeasure:
-            remeasure(engine, report.remeasure, args.dry_run)
+            remeasure(engine, report.remeasure, args.dry_run, args.quiet)
         if args.remeasure > 0:
             lacking = {key: ref for key, ref in lacking_references(engine, patterns).items()
                        if ref[0] not in report.remeasure.get(key, [])}
-            time_references(engine, lacking, args.dry_run, args.plan)
+            time_references(engine, lacking, args.dry_run, args.plan, args.quiet)
     return 0
 
 
@@ -121,7 +121,7 @@ def _reference_times(args: argparse.Namespace) -> int:
 
     engine = connect(args.db)
     time_references(engine, lacking_references(engine, _pattern_set(args.pattern)),
-                    args.dry_run, args.plan)
+                    args.dry_run, args.plan, args.quiet)
     return 0
 
 
@@ -143,7 +143,7 @@ def _refine(args: argparse.Namespace) -> int:
 
             for error in precompile(list(kernels.values()), workers=args.workers):
                 print(f"compile error: {error}", file=sys.stderr, flush=True)
-        remeasure(engine, variants, args.dry_run)
+        remeasure(engine, variants, args.dry_run, args.quiet)
     return 0
 
 
@@ -153,7 +153,8 @@ def _export(args: argparse.Namespace) -> int:
     if args.from_db:
         if not args.shapes:
             raise ValueError("export --from-db needs --shapes FILE")
-        print(export_from_db(args.db, read_shapes(args.shapes), args.out, args.cubin))
+        print(export_from_db(args.db, read_shapes(args.shapes), args.out, args.cubin,
+                             args.quiet))
         return 0
     if not args.config:
         raise ValueError("export needs --config NAME|FILE.json or --from-db --shapes FILE")
@@ -169,7 +170,8 @@ def _bench(args: argparse.Namespace) -> int:
 
     rows, paths = bench_to_dir(read_shapes(args.shapes), _patterns(args.pattern), args.vec,
                                ALayout(args.layout), args.db, args.out, args.repeat,
-                               not args.no_plots, "nmgen " + " ".join(sys.argv[1:]))
+                               not args.no_plots, "nmgen " + " ".join(sys.argv[1:]),
+                               args.quiet)
     print(summary_table(rows))
     print("\n".join(str(p) for p in paths))
     wrong = sum(not r.correct for r in rows)
@@ -192,6 +194,11 @@ def _plot(args: argparse.Namespace) -> int:
     for path in all_plots(rows, record["ceilings"], args.dir, record.get("device", "")):
         print(path)
     return 0
+
+
+def _add_quiet(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress bar (none is drawn where stderr is no terminal)")
 
 
 def _add_problem_options(parser: argparse.ArgumentParser) -> None:
@@ -243,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="this worker's number when several share the studies")
     tune.add_argument("--worker-count", type=int, default=1,
                       help="how many workers share the studies (spreads their start)")
+    _add_quiet(tune)
     tune.set_defaults(run=_tune)
 
     show = sub.add_parser("show", help="table of tuned results")
@@ -266,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     carry.add_argument("--plan", action="store_true",
                        help="say what would be carried, dropped and remeasured, on a copy "
                             "of the SQLite database (nothing written)")
+    _add_quiet(carry)
     carry.set_defaults(run=_carry)
 
     reference = sub.add_parser("reference-times", help="time each family's reference "
@@ -276,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     reference.add_argument("--dry-run", action="store_true",
                            help="the model's estimates (no GPU)")
     reference.add_argument("--plan", action="store_true", help="only count the problems")
+    _add_quiet(reference)
     reference.set_defaults(run=_reference_times)
 
     refine = sub.add_parser("refine", help="time the families' refinements of tuned "
@@ -292,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     refine.add_argument("--workers", type=int, default=16, help="compile processes")
     refine.add_argument("--dry-run", action="store_true", help="the model's estimates (no GPU)")
     refine.add_argument("--plan", action="store_true", help="only count the problems")
+    _add_quiet(refine)
     refine.set_defaults(run=_refine)
 
     export = sub.add_parser("export", help="write generated .cu files for inspection")
@@ -304,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", type=Path, required=True, help="output directory")
     export.add_argument("--cubin", action="store_true",
                         help="also compile with nvcc: .cubin and the ptxas resource report")
+    _add_quiet(export)
     export.set_defaults(run=_export)
 
     bench = sub.add_parser("bench", help="nmgen (through dispatch) against cuBLAS, with "
@@ -315,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="timed runs (median; default: %(default)s)")
     bench.add_argument("--out", type=Path, default=Path("bench_out"), help="output directory")
     bench.add_argument("--no-plots", action="store_true", help="tables only")
+    _add_quiet(bench)
     bench.set_defaults(run=_bench)
 
     plot = sub.add_parser("plot", help="redraw the tables and plots of a recorded bench "

@@ -39,28 +39,34 @@ def export_kernel(config: Config, out_dir: Path, cubin: bool = False) -> list[Pa
 
 
 def export_from_db(db_url: str | None, shapes: list[tuple[int, int, int]], out_dir: Path,
-                   cubin: bool = False) -> Path:
-    """Export the tuned winner of every listed shape (all GPUs and patterns in the
-    database) and write ``index.md`` mapping problems to kernel files."""
+                   cubin: bool = False, quiet: bool = False) -> Path:
+    """Export the tuned winner of every listed shape (all GPUs, families and patterns in
+    the database) and write ``index.md`` mapping problems to kernel files. A problem with
+    only a dry run's estimates exports the model's choice, marked as not measured."""
     from .policy import summary
+    from .progress import Progress
     from .store.database import connect
 
     out_dir.mkdir(parents=True, exist_ok=True)
     wanted = set(shapes)
-    lines = ["| gpu | pattern | L | A | M | N | K | ms | kernel |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = sorted((r for r in summary(connect(db_url))
+                   if tuple(r["shape"]) in wanted and r["best"] is not None),
+                  key=lambda r: (r["gpu"], r["family"], r["pattern"], r["shape"]))
+    lines = ["| gpu | family | dtype | pattern | L | A | M | N | K | ms | kernel |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     exported: set[str] = set()
-    for row in sorted(summary(connect(db_url)), key=lambda r: (r["gpu"], r["pattern"],
-                                                                 r["shape"])):
-        if tuple(row["shape"]) not in wanted or row["best"] is None:
-            continue
-        if row["best"] not in exported:
-            export_kernel(config_from_name(row["best"]), out_dir, cubin=cubin)
-            exported.add(row["best"])
-        m, n, k = row["shape"]
-        lines.append(f"| {row['gpu']} | {row['pattern']} | {row['vec']} | {row['a_layout']} "
-                     f"| {m} | {n} | {k} | {row['time_ms']:.4f} | [{row['best']}.cu]"
-                     f"({row['best']}.cu) |")
+    with Progress(len(rows), "problems", quiet) as bar:
+        for row in rows:
+            bar.advance()
+            if row["best"] not in exported:
+                export_kernel(config_from_name(row["best"]), out_dir, cubin=cubin)
+                exported.add(row["best"])
+            m, n, k = row["shape"]
+            ms = (f"{row['time_ms']:.4f}" if row["measured"]
+                  else f"model {row['time_ms']:.4f}, not measured")
+            lines.append(f"| {row['gpu']} | {row['family']} | {row['dtype']} | {row['pattern']} "
+                         f"| {row['vec']} | {row['a_layout']} | {m} | {n} | {k} | {ms} "
+                         f"| [{row['best']}.cu]({row['best']}.cu) |")
     index = out_dir / "index.md"
     index.write_text("\n".join(lines) + "\n")
     return index

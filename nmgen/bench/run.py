@@ -20,6 +20,7 @@ from ..families.registry import family_of, serving
 from ..format import NMMatrix, Pattern
 from ..gpus import spec_or_h100
 from ..problem import ALayout, Problem
+from ..progress import Progress
 from ..runtime import check
 from ..runtime.device import device_info
 from ..runtime.timing import time_in_turns, time_ms
@@ -143,7 +144,7 @@ def _one(dispatcher: Dispatcher, a, p: Pattern, vec: int, shape: Shape, dense: d
 
 def bench_to_dir(shapes: Sequence[Shape], patterns: Sequence[Pattern], vec: int,
                  layout: ALayout, db_url: str | None, out: Path, repeat: int, plots: bool,
-                 command: str) -> tuple[list[BenchRow], list[Path]]:
+                 command: str, quiet: bool = False) -> tuple[list[BenchRow], list[Path]]:
     """``nmgen bench``: the run, its tables (``bench.csv``, ``bench.md``, ``bench.json``)
     and plots in ``out``, the ceilings stored in the database. Returns the rows and the
     files written."""
@@ -159,8 +160,13 @@ def bench_to_dir(shapes: Sequence[Shape], patterns: Sequence[Pattern], vec: int,
     start = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     partial = out / "bench.partial.csv"  # rows so far: a cut run still leaves them
-    rows, ceilings = run_bench(shapes, patterns, vec, dispatcher, repeat=repeat,
-                               layout=layout, on_row=lambda rows: write_csv(rows, partial))
+    def on_row(rows: list[BenchRow]) -> None:
+        write_csv(rows, partial)
+        bar.advance()
+
+    with Progress(len(shapes) * len(patterns), "problems", quiet) as bar:
+        rows, ceilings = run_bench(shapes, patterns, vec, dispatcher, repeat=repeat,
+                                   layout=layout, on_row=on_row)
     partial.unlink(missing_ok=True)
     gpu = table_name(info.name)
     record_ceilings(connect(db_url or default_url()), gpu, info.name, ceilings.fp32_tflops,

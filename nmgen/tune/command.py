@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from ..families.registry import config_from_dict
+from ..progress import Progress
 from ..store.database import connect
 from ..store.tables import TrialStatus
 from .studies import open_storage
@@ -75,7 +76,7 @@ def tune_on_devices(args: argparse.Namespace, devices: list[str], db_url: str,
                               ("--ahead-workers", args.ahead_workers),
                               ("--in-flight", args.in_flight)):
             argv += [option, str(value)] if value is not None else []
-        return argv + (["--dry-run"] if args.dry_run else [])
+        return argv + ["--quiet"] + (["--dry-run"] if args.dry_run else [])
 
     start = time.monotonic()
     code = supervise(child_argv, devices, storage_url,
@@ -105,8 +106,9 @@ def tune_here(args: argparse.Namespace, tasks: list, db_url: str, storage_url: s
                   f"processes: {workers} for the batches timed next, {ahead} for the next "
                   f"studies' seeds; {tuner.in_flight} studies at once")
     try:
-        report = run_worker(tuner, tasks, args.time_budget, args.worker_index,
-                            args.worker_count, log=tuner.log)
+        with Progress(len(tasks), "studies", args.quiet) as bar:
+            report = run_worker(tuner, tasks, args.time_budget, args.worker_index,
+                                args.worker_count, log=tuner.log, on_study_done=bar.advance)
     finally:
         closing = time.monotonic()
         tuner.close()

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from ..families.registry import all_families, by_generator, config_from_name
 from ..gpus import check_device, gpu_spec
 from ..policy import problem_of
+from ..progress import Progress
 from ..store.database import default_url
 from ..store.records import ProblemKey
 from ..store.tables import ConfigRow, ProblemRow, TrialRow
@@ -23,13 +24,14 @@ from .task import TuneTask
 from .tuner import Tuner
 
 
-def time_references(engine, lacking: dict, dry_run: bool, plan: bool) -> None:
+def time_references(engine, lacking: dict, dry_run: bool, plan: bool,
+                    quiet: bool = False) -> None:
     """Time the reference kernel of the problems ``lacking`` it (``plan``: count them)."""
     verb = "would be timed" if plan else "timed"
     print(f"reference kernel {verb} on {len(lacking)} problems whose records lack it",
           flush=True)
     if lacking and not plan:
-        remeasure(engine, lacking, dry_run)
+        remeasure(engine, lacking, dry_run, quiet)
 
 
 def lacking_references(engine, patterns: set[tuple[int, int]] | None
@@ -99,7 +101,7 @@ def task_of(key: ProblemKey) -> TuneTask | None:
     return TuneTask(gpu_spec(key.gpu), family, problem, *key.shape)
 
 
-def remeasure(engine, problems: dict, dry_run: bool) -> None:
+def remeasure(engine, problems: dict, dry_run: bool, quiet: bool = False) -> None:
     """Time again, on this GPU, each problem's given configurations (``carry
     --remeasure``, references, refinements); problems of another GPU or CUDA version are
     left for a machine that has them."""
@@ -107,19 +109,21 @@ def remeasure(engine, problems: dict, dry_run: bool) -> None:
                   log=lambda s: print(s, file=sys.stderr, flush=True))
     skipped = 0
     try:
-        for i, (key, configs) in enumerate(problems.items(), 1):
-            task = task_of(key)
-            if task is None or not (dry_run or is_present(task.gpu)):
-                skipped += 1
-                continue
-            here = ModelMeasurer(task).key if dry_run else GpuMeasurer.key_of(task)
-            if here.without_shape() != key.without_shape():
-                skipped += 1
-                continue
-            winner = tuner.remeasure(task, configs)
-            best = f"{winner.time_ms:.4f} ms {winner.config.name}" if winner else "none"
-            print(f"[{i}/{len(problems)}] {task.study_name}: {len(configs)} remeasured, "
-                  f"best {best}", flush=True)
+        with Progress(len(problems), "problems", quiet) as bar:
+            for i, (key, configs) in enumerate(problems.items(), 1):
+                bar.advance()
+                task = task_of(key)
+                if task is None or not (dry_run or is_present(task.gpu)):
+                    skipped += 1
+                    continue
+                here = ModelMeasurer(task).key if dry_run else GpuMeasurer.key_of(task)
+                if here.without_shape() != key.without_shape():
+                    skipped += 1
+                    continue
+                winner = tuner.remeasure(task, configs)
+                best = f"{winner.time_ms:.4f} ms {winner.config.name}" if winner else "none"
+                print(f"[{i}/{len(problems)}] {task.study_name}: {len(configs)} remeasured, "
+                      f"best {best}", flush=True)
     finally:
         tuner.close()
     if skipped:

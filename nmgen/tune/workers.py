@@ -52,8 +52,8 @@ Pick = tuple[TuneTask, float, str, Sequence[TuneTask]]  # task, budget, progress
 
 def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = math.inf,
                index: int = 0, count: int = 1,
-               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)
-               ) -> WorkerReport:
+               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+               on_study_done: Callable[[], None] = lambda: None) -> WorkerReport:
     """Tune ``tasks`` (with other workers, through the tuner's storage) until every study
     has its trials or the budget is spent. ``tuner.in_flight`` studies go at once: while
     one study's batch compiles, another's is measured (tuning waited on compiles for 70 %
@@ -87,6 +87,7 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
         except StopIteration as stop:
             for phase, seconds in stop.value.phases.seconds.items():
                 phases.add(phase, seconds)
+            on_study_done()
             return False
         flying.append(study)
         return True
