@@ -125,9 +125,8 @@ class Dispatcher:
 
     def _choose(self, a_op: Any, b: NMMatrix) -> tuple[Kernel, str]:
         if a_op.dtype is not b.dtype:
-            got = a_op.dtype.value if a_op.dtype is not None else "another dtype"
-            raise TypeError(f"a is {got} but b holds {b.dtype.value} values: pass "
-                            "activations in the weight's dtype")
+            raise TypeError(f"a is {a_op.dtype_name} but b holds {b.dtype.value} values: "
+                            "pass activations in the weight's dtype")
         problem = Problem(b.n, b.m, b.vec, layout_of(a_op.shape, a_op.strides,
                                                      b.dtype.itemsize),
                           self.device.arch, b.dtype)

@@ -65,8 +65,9 @@ class Operand(NamedTuple):
     shape: tuple[int, ...]
     strides: tuple[int, ...]
     device: int
-    dtype: DType | None  # None: a dtype no family takes
+    dtype: DType | None  # None: a dtype no family takes (dtype_name says which)
     torch: bool
+    dtype_name: str
 
 
 def is_torch(x: Any) -> bool:
@@ -77,13 +78,14 @@ def operand(x: Any, what: str) -> Operand:
     """Read an operand from a CuPy array or a CUDA PyTorch tensor (no copies)."""
     cp = cupy()
     if isinstance(x, cp.ndarray):
-        return Operand(x.data.ptr, x.shape, x.strides, x.device.id, DType.of(x), False)
+        return Operand(x.data.ptr, x.shape, x.strides, x.device.id, DType.of(x), False,
+                       str(x.dtype))
     if is_torch(x):
         if not x.is_cuda:
             raise ValueError(f"{what} is a CPU tensor: move it to the GPU (tensor.cuda())")
         size = x.element_size()
         return Operand(x.data_ptr(), tuple(x.shape), tuple(st * size for st in x.stride()),
-                       x.get_device(), DType.of(x), True)
+                       x.get_device(), DType.of(x), True, str(x.dtype).removeprefix("torch."))
     if isinstance(x, np.ndarray):
         raise TypeError(f"{what} is a NumPy array: pass a CuPy array or a CUDA torch.Tensor")
     raise TypeError(f"{what}: expected a CuPy array or a CUDA torch.Tensor, got {type(x)}")

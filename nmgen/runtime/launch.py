@@ -515,8 +515,8 @@ def check_a(a: Operand, b: NMMatrix, config: Config) -> tuple[int, int]:
                          f"b is {b.pattern} L={b.vec}")
     dtype = config.dtype
     if a.dtype is not dtype:
-        got = a.dtype.value if a.dtype is not None else "another dtype"
-        raise TypeError(f"a is {got}: kernel {config.name} takes {dtype.value} activations")
+        raise TypeError(f"a is {a.dtype_name}: kernel {config.name} takes {dtype.value} "
+                        "activations")
     if b.dtype is not dtype:
         raise TypeError(f"b holds {b.dtype.value} values: kernel {config.name} takes "
                         f"{dtype.value} weights")

@@ -1,5 +1,5 @@
 """How a launch that copies row-major A K-major first (``tx``) is cut into pipelined chunks
-of M: the launcher (``nmgen.gpu.launch``) runs it, the model (``nmgen.model``) prices it.
+of M: the family's launch plan (``launch``) cuts it, its model (``model``) prices it.
 
 Chunk j's copy then overlaps chunk j-1's main kernel (H100 at 4096^3: 1.03 of K-major A at
 8:32 instead of 1.06, 1.08 instead of 1.12 at 4:32). The limits come from timing the
