@@ -71,7 +71,7 @@ def _show(args: argparse.Namespace) -> int:
 
     rows = summary(connect(args.db))
     print(f"{'gpu':8} {'family':6} {'dtype':5} {'pattern':8} {'L':>4} {'A':3} {'M':>6} "
-          f"{'N':>6} {'K':>6} {'trials':>6} {'ms':>9} {'TFLOP/s':>8} {'model ms':>9}  best")
+          f"{'N':>6} {'K':>6} {'trials':>6} {'ms':>9} {'TFLOP/s':>8} {'model_ms':>9}  best")
     for r in sorted(rows, key=lambda r: (r["gpu"], r["family"], r["pattern"], r["shape"])):
         m, n, k = r["shape"]
         ms = f"{r['time_ms']:.4f}" if r["time_ms"] and r["measured"] else "-"

@@ -1,6 +1,6 @@
 """The model-seeded search against an exhaustive one (issue 3), in two steps.
 
-measure (GPU): every configuration of the tuner's space (``nmgen.replay.search_space``)
+measure (GPU): every configuration of the tuner's space (``nmgen.tune.replay.search_space``)
     on each sample shape, measured as the tuner measures (``GpuMeasurer``). One JSON
     line a (shape, configuration); a slice ``i/n`` lets n processes share the space (one
     a GPU), and a re-run skips what a file already holds.
@@ -9,7 +9,7 @@ measure (GPU): every configuration of the tuner's space (``nmgen.replay.search_s
         --pattern 8:32 --layout km --shapes shapes/exhaustive.txt \\
         --out results/exhaustive_h100
 
-    ``--space core`` (``nmgen.tuner.CORE_SPACE``, ~900 configurations) in place of the
+    ``--space core`` (the FP32 family's ``CORE_SPACE``, ~900 configurations) in place of the
     tuner's whole space (~20,000 at K-major 8:32, hours of compiling): the search is then
     replayed in that same smaller space.
 
@@ -17,7 +17,7 @@ model (CPU): how the analytic model ranks the measured space (rank correlation, 
     measured best's place in the model's order, its seeds against the best).
 
 replay (CPU): the real tuner, seeded by the model, replayed on those numbers
-    (``nmgen.replay``) for several trial budgets and seeds; prints and writes how far its
+    (``nmgen.tune.replay``) for several trial budgets and seeds; prints and writes how far its
     winner is from the exhaustive best and what share of the space it tried.
 
     python tools/exhaustive.py replay --pattern 8:32 --layout km --gpu h100 \\
@@ -27,7 +27,6 @@ replay (CPU): the real tuner, seeded by the model, replayed on those numbers
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -36,17 +35,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nmgen.config import ALayout  # noqa: E402
+from nmgen.bench.report import markdown_table  # noqa: E402
+from nmgen.families.f32_simt import F32_SIMT  # noqa: E402
+from nmgen.families.f32_simt.space import SUBSPACES, UNSLICED_SPACE  # noqa: E402
 from nmgen.format import Pattern  # noqa: E402
-from nmgen.model import gpu_spec  # noqa: E402
-from nmgen.replay import read_tables, replay, search_space  # noqa: E402
-from nmgen.report import markdown_table  # noqa: E402
+from nmgen.gpus import gpu_spec  # noqa: E402
+from nmgen.problem import ALayout  # noqa: E402
 from nmgen.shapes import read_shapes  # noqa: E402
-from nmgen.tuner import SPACES, UNSLICED_SPACE, TuneTask  # noqa: E402
+from nmgen.tune.replay import read_tables, replay, search_space  # noqa: E402
+from nmgen.tune.task import TuneTask  # noqa: E402
 
 # The tuner's spaces, and the whole space without packing and split-K (3,496 configurations
 # at K-major 8:32 against 20,664: one device call of ~7 minutes on an H100).
-SPACES = {**SPACES, "nopack": dataclasses.replace(UNSLICED_SPACE, packing=(False,), split_k=(1,))}
+SPACES = {**SUBSPACES, "nopack": UNSLICED_SPACE.narrowed(packing=(False,), split_k=(1,))}
 # The tables of the whole space were measured before sliced K joined it: the space they
 # cover is now "unsliced", their files keep the name they were written under.
 TABLE_NAMES = {"unsliced": "full"}
@@ -54,8 +55,8 @@ TABLE_NAMES = {"unsliced": "full"}
 
 def tasks_of(args: argparse.Namespace) -> list[TuneTask]:
     p = Pattern.parse(args.pattern)
-    return [TuneTask(gpu_spec(args.gpu), p.n, p.m, args.vec, ALayout(args.layout), *shape,
-                     space=SPACES[args.space])
+    return [TuneTask.of(gpu_spec(args.gpu), F32_SIMT, p.n, p.m, args.vec, ALayout(args.layout),
+                        shape, space=SPACES[args.space])
             for shape in read_shapes(args.shapes)]
 
 
@@ -68,8 +69,8 @@ def stem(args: argparse.Namespace) -> str:
 def measure(args: argparse.Namespace) -> None:
     """The tuner's own measurement (``GpuMeasurer``: compile in the pool, check against
     float64 once, time with CUDA events) of every configuration of the slice."""
-    from nmgen.gpu.timing import CompilePool
-    from nmgen.tuner import INFEASIBLE_MS, GpuMeasurer
+    from nmgen.build.pool import CompilePool
+    from nmgen.tune.measurers import INFEASIBLE_MS, GpuMeasurer
 
     index, count = (int(x) for x in args.slice.split("/"))
     tasks = tasks_of(args)
@@ -103,7 +104,7 @@ def measure(args: argparse.Namespace) -> None:
 
 
 def replay_runs(args: argparse.Namespace) -> None:
-    tables = read_tables(sorted(args.out.glob(f"{stem(args)}_slice*.jsonl")))
+    tables = read_tables(sorted(args.out.glob(f"{stem(args)}_slice*.jsonl*")))
     seeds = range(int(args.seeds.split("-")[0]), int(args.seeds.split("-")[-1]) + 1)
     rows, record = [], []
     for trials in (int(t) for t in args.trials.split(",")):
@@ -128,10 +129,10 @@ def model_check(args: argparse.Namespace) -> None:
     of its first few (the tuner's model seeds) is from the measured best."""
     import numpy as np
 
-    from nmgen.model import estimate, rank
-    from nmgen.tuner import SEEDS_FROM_MODEL, model_seeds
+    from nmgen.families.f32_simt.model import estimate, rank
+    from nmgen.tune.tuner import SEEDS_FROM_MODEL, model_seeds
 
-    tables = read_tables(sorted(args.out.glob(f"{stem(args)}_slice*.jsonl")))
+    tables = read_tables(sorted(args.out.glob(f"{stem(args)}_slice*.jsonl*")))
     rows = []
     for task in tasks_of(args):
         shape = (task.rows, task.cols, task.depth)

@@ -24,11 +24,12 @@ from sqlalchemy.orm import Session
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nmgen import model  # noqa: E402
-from nmgen.config import KernelConfig  # noqa: E402
-from nmgen.db import ProblemRow, TrialRow, TrialStatus, connect  # noqa: E402
-from nmgen.dispatch import template_hash  # noqa: E402
-from nmgen.report import markdown_table  # noqa: E402
+from nmgen.bench.report import markdown_table  # noqa: E402
+from nmgen.families.f32_simt import F32_SIMT, model  # noqa: E402
+from nmgen.families.f32_simt.config import KernelConfig  # noqa: E402
+from nmgen.gpus import gpu_spec  # noqa: E402
+from nmgen.store.database import connect  # noqa: E402
+from nmgen.store.tables import ProblemRow, TrialRow, TrialStatus  # noqa: E402
 
 NOISE = 1.03  # measured pairs closer than this are not counted
 
@@ -58,11 +59,11 @@ def main() -> None:
     args = parser.parse_args()
     model.OCCUPANCY_FLOOR, model.FULL_OCCUPANCY_WARPS = args.floor, args.full_warps
     model._fixed.cache_clear()
-    gpu = model.gpu_spec(args.gpu)
+    gpu = gpu_spec(args.gpu)
     groups: dict[str, list[tuple[int, int, float]]] = defaultdict(list)
     with Session(connect(args.db)) as session:
         for problem in session.scalars(select(ProblemRow).where(
-                ProblemRow.template_hash == template_hash())):
+                ProblemRow.template_hash == F32_SIMT.generator_hash())):
             if problem.gpu.name != args.gpu:
                 continue
             trials = measured(session, problem)

@@ -15,7 +15,14 @@ import gzip
 import io
 from pathlib import Path
 
-from _sass import opcode
+
+def opcode(instruction: str) -> str:
+    """``FFMA`` of ``@!P0 FFMA.FTZ R1, R2, R3, R1 ;``: the opcode without predicate or
+    modifiers."""
+    words = instruction.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0] if words else ""
 
 NOT_ISSUED = "Warp Stall Sampling (Not-issued Samples)"
 ALL = "Warp Stall Sampling (All Samples)"

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_dispatch_overhead import per_call_us, tiny_problem  # noqa: E402
 
-from nmgen.gpu import launch  # noqa: E402
+from nmgen.runtime import device, launch  # noqa: E402
 
 
 def main() -> None:
@@ -24,19 +24,19 @@ def main() -> None:
 
     dispatcher, a, b, out, config = tiny_problem()
     kernel = dispatcher.kernel(config)
-    a_op = launch.operand(a, "a")
+    a_op = device.operand(a, "a")
     plan = next(v for k, v in b._prepared.items() if isinstance(k, tuple) and k[0] == "plan")
-    stream_ptr = launch._current_stream_ptr()
+    stream_ptr = device.current_stream_ptr()
     steps = {
         "dispatch": lambda: dispatcher(a, b, out=out),
         "kernel.run": lambda: kernel.run(a, a_op, b, out, None),
-        "operand(a)": lambda: launch.operand(a, "a"),
-        "_check_a": lambda: launch._check_a(a_op, b, config),
-        "_output": lambda: launch._output(out, a, a_op, (1, 64)),
-        "_stream": lambda: launch._stream(None, a_op),
-        "_current_stream_ptr": launch._current_stream_ptr,
+        "operand(a)": lambda: device.operand(a, "a"),
+        "check_a": lambda: launch.check_a(a_op, b, config),
+        "kernel._output": lambda: kernel._output(out, a, a_op, (1, 64)),
+        "launch_stream": lambda: device.launch_stream(None, a_op),
+        "current_stream_ptr": device.current_stream_ptr,
         "getDevice": cp.cuda.runtime.getDevice,
-        "plan.launch": lambda: plan.launch(a_op.ptr, out.data.ptr, stream_ptr),
+        "plan.run": lambda: plan.run({"a": a_op.ptr, "c": out.data.ptr}, stream_ptr),
         "a.device.id": lambda: a.device.id,
         "a.data.ptr": lambda: a.data.ptr,
     }

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 5's measurement: the same tuning job on one GPU and on every GPU of the host,
+# The multi-GPU tuning measurement: the same tuning job on one GPU and on every GPU of the host,
 # each with a fresh tuned database, a fresh Optuna journal and a fresh CuPy kernel cache,
 # both through the --devices supervisor, timed end to end by the shell.
 #
 #   tools/scale_devices.sh OUT [SHAPES] [PATTERN] [TRIALS]
-#   e.g. tools/scale_devices.sh "$OUT" results/scale_h200x2/shapes20.txt 8:32 16
+#   e.g. tools/scale_devices.sh "$OUT" shapes/llama20.txt 8:32 16
 #
 # OUT receives one.log, all.log, one_show.txt, all_show.txt and walls.txt.
 # Where Python packages were installed without .pyc files (pip --no-compile with
@@ -13,7 +13,7 @@
 # import, seconds of each run's start.
 set -euo pipefail
 out=${1:?output folder}
-shapes=${2:-results/scale_h200x2/shapes20.txt}
+shapes=${2:-shapes/llama20.txt}
 pattern=${3:-8:32}
 trials=${4:-16}
 gpu=$(python3 -c "import cupy; print(cupy.cuda.runtime.getDeviceProperties(0)['name'].decode())" \

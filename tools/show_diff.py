@@ -13,13 +13,22 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+KEY = ("gpu", "family", "dtype", "pattern", "L", "A", "M", "N", "K")
+
 
 def read_show(path: Path) -> dict[tuple[str, ...], tuple[float, str]]:
-    """(gpu, pattern, L, A, M, N, K) -> (tuned ms, winner) of each row of the table."""
+    """(gpu, family, dtype, pattern, L, A, M, N, K) -> (tuned ms, winner) of each measured
+    row of an `nmgen show` table (columns found by the header; a table of before the
+    family and dtype columns reads as family f32, dtype f32)."""
+    lines = path.read_text().splitlines()
+    header = lines[0].replace("model ms", "model_ms").split()
     rows = {}
-    for line in path.read_text().splitlines()[1:]:
-        fields = line.split()
-        rows[tuple(fields[:7])] = (float(fields[8]), fields[11])
+    for line in lines[1:]:
+        cells = dict(zip(header, line.split(), strict=False))
+        if cells.get("ms", "-") == "-":
+            continue
+        key = tuple(cells.get(k, "f32") for k in KEY)
+        rows[key] = (float(cells["ms"]), cells["best"])
     return rows
 
 
@@ -35,8 +44,8 @@ def main() -> None:
         if key not in after:
             continue
         new_ms, new_winner = after[key]
-        ratios[(key[1], key[3])].append(ms / new_ms)
-        changed[(key[1], key[3])] += winner != new_winner
+        ratios[(key[3], key[5])].append(ms / new_ms)
+        changed[(key[3], key[5])] += winner != new_winner
     print("| pattern | A | problems | before / after time (geomean) | min | max | "
           "winners changed |\n| --- | --- | --- | --- | --- | --- | --- |")
     for (pattern, layout), values in sorted(ratios.items()):

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # A full tune of the 100 Llama shapes for one pattern and layout, from an empty tuned
-# database, CuPy kernel cache and nmgen cache, timed by the shell (issue 3's "at most 8
-# minutes a pattern"; results/retune_h100/):
+# database, CuPy kernel cache and nmgen cache, timed by the shell:
 #
 #   tools/timed_tune.sh OUT 8:32 km [more nmgen tune options]
 #

@@ -1,7 +1,8 @@
 """Untimed warm-up before a timed tuning comparison: load what every tuning process loads
 (Python packages, CuPy, the CUDA driver, NVRTC) once, and build the search space's
 on-disk enumeration of each pattern and the model's table of it
-(``space.enumerate_configs`` and ``tuner._seed_table``: seconds, once an nmgen version),
+(``f32_simt.family.enumeration`` and ``tune.tuner.model_seeds``: seconds, once an nmgen
+version),
 so that the first timed run does not pay a fresh machine's cold start and the later runs
 do not get it for free.
 
@@ -17,12 +18,13 @@ start = time.monotonic()
 with tempfile.TemporaryDirectory() as cache:
     os.environ["CUPY_CACHE_DIR"] = cache  # compiles for real, keeps nothing
     import nmgen.cli  # noqa: F401
-    import nmgen.studies  # noqa: F401
-    from nmgen.config import ALayout
+    import nmgen.tune.studies  # noqa: F401
+    from nmgen.families.f32_simt import F32_SIMT
     from nmgen.format import Pattern
-    from nmgen.model import gpu_spec
-    from nmgen.space import enumerate_configs
-    from nmgen.tuner import SEEDS_FROM_MODEL, TuneTask, model_seeds
+    from nmgen.gpus import gpu_spec
+    from nmgen.problem import ALayout
+    from nmgen.tune.task import TuneTask
+    from nmgen.tune.tuner import SEEDS_FROM_MODEL, model_seeds
 
     try:
         import cupy
@@ -34,7 +36,7 @@ with tempfile.TemporaryDirectory() as cache:
     gpu, patterns, vec, layout = (sys.argv[1:] + ["32", "rm"][len(sys.argv) - 3:])[:4]
     for text in filter(None, patterns.split(",")):
         pattern = Pattern.parse(text)
-        task = TuneTask(gpu_spec(gpu), pattern.n, pattern.m, int(vec), ALayout(layout), 1, 1, 1)
-        enumerate_configs(task.problem)
-        model_seeds(task, SEEDS_FROM_MODEL)
+        task = TuneTask.of(gpu_spec(gpu), F32_SIMT, pattern.n, pattern.m, int(vec),
+                           ALayout(layout), (1, 1, 1))
+        model_seeds(task, SEEDS_FROM_MODEL)  # ranks the (cached) enumeration
 print(f"warm-up: {time.monotonic() - start:.1f} s")

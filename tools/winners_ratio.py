@@ -11,13 +11,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nmgen.report import geomean  # noqa: E402
+from show_diff import read_show  # noqa: E402
+
+from nmgen.bench.report import geomean  # noqa: E402
 
 
 def winners(path: str) -> dict[tuple[str, ...], float]:
-    """(M, N, K) -> winner ms, from `nmgen show`: gpu pattern L A M N K trials ms ..."""
-    rows = [line.split() for line in Path(path).read_text().splitlines()][1:]
-    return {tuple(r[4:7]): float(r[8]) for r in rows if len(r) > 8}
+    """(problem) -> winner ms, from an `nmgen show` table."""
+    return {key: ms for key, (ms, _) in read_show(Path(path)).items()}
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ on the very same numbers, for as many seeds and trial budgets as wanted, without
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 import tempfile
@@ -49,10 +50,13 @@ def search_space(task: TuneTask) -> list[Config]:
 
 
 def read_tables(paths: Iterable[Path]) -> dict[Shape, Table]:
-    """The exhaustive run's JSON-lines files (one line a configuration and shape)."""
+    """The exhaustive run's JSON-lines files (one line a configuration and shape; gzipped
+    where the name ends in .gz)."""
     tables: dict[Shape, Table] = {}
-    for path in paths:
-        for line in Path(path).read_text().splitlines():
+    for path in map(Path, paths):
+        raw = path.read_bytes()
+        text = (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode()
+        for line in text.splitlines():
             rec = json.loads(line)
             tables.setdefault(tuple(rec["shape"]), {})[rec["config"]] = Record(
                 rec["status"], rec["ms"])

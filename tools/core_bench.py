@@ -1,9 +1,10 @@
-"""The core kernels with and without the bulk copy engine (TMA), in turns in one process:
-M = N = K = 4096, L = 32, K-major A and row-major A (copied K-major first, tx), every
-kernel checked against float64 (NaN-poisoned output) before it is timed beside cuBLAS
-SGEMM. Ratios come from one run; rows of one pattern and layout are timed in turns.
+"""The core benchmark: M = N = K = 4096, L = 32, the FP32 family's reference kernels of
+16:32, 12:32, 8:32 and 4:32 (and, with ``--only-cores``, the cp.async kernels of GPUs
+without the bulk copy engine) for K-major A and row-major A, every kernel checked against
+float64 (NaN-poisoned output) before it is timed in turns with cuBLAS SGEMM in one
+process. ``--tiles`` and ``--pipelines`` time a grid of other tiles instead.
 
-    python tools/tma_core_ab.py --out results/tma_h100/core_ab
+    python tools/core_bench.py --only-cores --rounds 9 --out results/core_bench_h100
 """
 
 from __future__ import annotations
@@ -15,17 +16,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nmgen.config import ALayout, KernelConfig  # noqa: E402
-from nmgen.report import markdown_table  # noqa: E402
-from nmgen.space import CORE_KERNELS_CP_ASYNC, CORE_TILES, Problem, core_config  # noqa: E402
+from nmgen.bench.report import markdown_table  # noqa: E402
+from nmgen.families.f32_simt.config import KernelConfig  # noqa: E402
+from nmgen.families.f32_simt.space import (  # noqa: E402
+    CORE_KERNELS_CP_ASYNC,
+    CORE_TILES,
+    core_config,
+)
+from nmgen.problem import ALayout, Problem  # noqa: E402
 
 # Per pattern by default: (KS windows, stages) of the 128x256 block of 16x8 thread tiles
 # in 8x4 warps.
 PIPELINES = {"16:32": ((2, 2), (2, 3)), "12:32": ((4, 2), (2, 3)),
              "8:32": ((4, 2), (2, 3)), "4:32": ((4, 2), (2, 3))}
 CORE_TILE = "128x256x16x8x8x4"  # MSxNSxMTxNTxWARP_MxWARP_N
-CORE_TILE_NAMES = {name: "x".join(str(t[k]) for k in ("ms", "ns", "mt", "nt", "warp_m", "warp_n"))
-                   for name, t in CORE_TILES.items()}
+CORE_TILE_NAMES = {name: "x".join([*(str(t[k]) for k in ("ms", "ns", "mt", "nt")),
+                                    *t["warp"].split("x")]) for name, t in CORE_TILES.items()}
 TARGET = {"16:32": 1.87, "12:32": 2.5, "8:32": 3.6, "4:32": 6.2}
 
 
@@ -62,20 +68,22 @@ def main() -> None:
     parser.add_argument("--rm-tiles", default="tx",
                         help="A tiles of the row-major candidates (tx, tk, tm, tr)")
     parser.add_argument("--with-core", action="store_true",
-                        help="add the shipped core kernel (space.core_config) of each layout")
+                        help="add the reference kernel (f32_simt.space.core_config) of each "
+                        "layout")
     parser.add_argument("--only-cores", action="store_true",
-                        help="time only the core kernel and the cp.async core of before TMA "
-                             "(space.CORE_KERNELS_CP_ASYNC) of each pattern and layout")
+                        help="time only the reference kernel and the cp.async one of GPUs "
+                             "without TMA (CORE_KERNELS_CP_ASYNC) of each pattern and layout")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
     import cupy as cp
 
-    from nmgen.gpu.dense import Dense, dense_gemm
-    from nmgen.gpu.launch import Kernel
-    from nmgen.gpu.measure import ProblemBench
-    from nmgen.gpu.timing import precompile, time_in_turns
-    from nmgen.results import RTOL
+    from nmgen.bench.dense import Dense, dense_gemm
+    from nmgen.build.pool import precompile
+    from nmgen.runtime.check import ProblemBench, tolerance
+    from nmgen.runtime.device import device_info
+    from nmgen.runtime.launch import Kernel
+    from nmgen.runtime.timing import time_in_turns
 
     size = args.size
     dense = cp.random.standard_normal((size, size), dtype=cp.float32)
@@ -102,10 +110,11 @@ def main() -> None:
     rows, record = [], []
     for pattern, layout, configs in jobs:
         n, m = (int(x) for x in pattern.split(":"))
-        bench = ProblemBench(n, m, 32, layout, size, size, size)
+        bench = ProblemBench(Problem(n, m, 32, layout, device_info().arch), size, size, size)
         kernels = {c.name: Kernel(c) for c in configs}
         errors = {name: bench.error(k) for name, k in kernels.items()}
-        fns = {name: bench.launcher(k) for name, k in kernels.items() if errors[name] < RTOL}
+        fns = {name: bench.launcher(k) for name, k in kernels.items()
+               if errors[name] < tolerance(bench.problem.dtype)}
         fns["sgemm"] = lambda i: sgemm()
         ms = time_in_turns(fns, rounds=args.rounds)
         for name in kernels:
@@ -118,13 +127,14 @@ def main() -> None:
     gpu = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     table = markdown_table(["pattern", "A", "kernel", "rel. error", "ms", "SGEMM ms",
                             "speedup", "target"], rows)
-    text = (f"# Core kernels with and without TMA: {gpu}, M=N=K={size}, L=32\n\n"
+    text = (f"# Core benchmark: {gpu}, M=N=K={size}, L=32\n\n"
             f"{args.rounds} rounds in turns per pattern and layout, with cuBLAS SGEMM.\n\n"
             f"{table}")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "tma_core_ab.md").write_text(text + "\n")
-    (args.out / "tma_core_ab.json").write_text(json.dumps({"gpu": gpu, "size": size,
-                                                           "rows": record}, indent=1) + "\n")
+    (args.out / "core_bench.md").write_text(text + "\n")
+    (args.out / "core_bench.json").write_text(json.dumps({"gpu": gpu, "size": size,
+                                                          "command": " ".join(sys.argv),
+                                                          "rows": record}, indent=1) + "\n")
     print(text)
 
 
