@@ -162,21 +162,21 @@ def check_resources(config: nmgen.KernelConfig) -> None:
         if entry == config.name and (config.registers_estimate >= budget or (
                 config.staged and config.registers_estimate + STAGED_SHORTFALL >= budget) or (
                 config.stream_k and config.registers_estimate + STREAM_K_SHORTFALL >= budget)):
-            # KNOWN DEFECTS (open in issue 2's notes): 8x8 thread tiles whose register
+            # KNOWN DEFECTS: 8x8 thread tiles whose register
             # budget is exactly the estimate (128) spill a few bytes in about 1 of 8
             # configurations. They are the fastest kernels measured, so the model keeps
             # them; the spill must stay small until the template needs fewer registers.
-            # The serpentine FFMA order (fourteenth session) made it larger on odd shapes
+            # The serpentine FFMA order made it larger on odd shapes
             # of tile: 64 / 120 bytes stored / loaded (CI, 2026-11-23:
             # n3m7l128_ms16ns256ks56_mt8nt8_w1x32_nopack_s3_k1_sk4_rm_tm_sm90; 28 / 56
             # before), 40 / 72 in 1 of 520 random 8x8 configurations compiled here, none
             # in the 36 shipped 8x8 winners.
             # Staged ("tr") kernels: the estimate runs up to ~28 registers below what
-            # ptxas uses unbounded (a sample of 45, sixth session), and one whose budget
+            # ptxas uses unbounded (a sample of 45), and one whose budget
             # was 12 above the estimate spilled 48 bytes (CI, 2026-11-23:
             # n4m16l32_ms128ns32ks64_mt8nt4_w16x2_nopack_s1_k1_rm_tr_sm80). Recalibrating
             # the estimate changes launch bounds, so it waits for a GPU run.
-            # Stream-K kernels near the cap (fifteenth session): the persistent loop needs
+            # Stream-K kernels near the cap: the persistent loop needs
             # up to ~48 registers beyond the estimate on some 16x8 tiles, which spilled
             # 8-48 bytes at 254-255 registers in 4 of ~150 random ones compiled here
             # (n2m4l32_ms16ns512ks8_mt16nt8_w1x32_nopack_s3_k1_streamk_km_sm90: 8 / 48).
