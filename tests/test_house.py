@@ -52,7 +52,8 @@ def test_every_record_is_cited_by_the_readme_or_a_test():
         cited = (f"results/{entry.name}" in README + tests
                  or f'"results" / "{entry.name}"' in tests)
         assert cited, f"results/{entry.name} is cited neither by README.md nor by a test"
-        assert f"`{entry.name}" in index, f"results/README.md does not say how {entry.name} was made"
+        assert f"`{entry.name}" in index, f"results/README.md does not say how {entry.name} " \
+            "was made"
 
 
 def test_the_tree_is_small():
