@@ -201,6 +201,15 @@ def _add_quiet(parser: argparse.ArgumentParser) -> None:
                         help="no progress bar (none is drawn where stderr is no terminal)")
 
 
+def _add_timing_options(parser: argparse.ArgumentParser) -> None:
+    """What the commands that time kernels on tuned problems take."""
+    parser.add_argument("--db", help="SQLAlchemy URL of the tuned database")
+    parser.add_argument("--pattern", help="only these patterns' problems (16:32,8:32)")
+    parser.add_argument("--dry-run", action="store_true", help="the model's estimates (no GPU)")
+    parser.add_argument("--plan", action="store_true", help="only count the problems")
+    _add_quiet(parser)
+
+
 def _add_problem_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pattern", default="16:32,12:32,8:32,4:32",
                         help="n:m patterns, comma-separated (default: %(default)s)")
@@ -280,19 +289,13 @@ def build_parser() -> argparse.ArgumentParser:
     reference = sub.add_parser("reference-times", help="time each family's reference "
                                "kernel on every tuned problem whose records lack it "
                                "(carry --remeasure does this too)")
-    reference.add_argument("--db", help="SQLAlchemy URL of the tuned database")
-    reference.add_argument("--pattern", help="only these patterns' problems (16:32,8:32)")
-    reference.add_argument("--dry-run", action="store_true",
-                           help="the model's estimates (no GPU)")
-    reference.add_argument("--plan", action="store_true", help="only count the problems")
-    _add_quiet(reference)
+    _add_timing_options(reference)
     reference.set_defaults(run=_reference_times)
 
     refine = sub.add_parser("refine", help="time the families' refinements of tuned "
                             "problems' fastest kernels (e.g. stream-K twins) where the "
                             "model expects them faster")
-    refine.add_argument("--db", help="SQLAlchemy URL of the tuned database")
-    refine.add_argument("--pattern", help="only these patterns' problems (16:32,8:32)")
+    _add_timing_options(refine)
     refine.add_argument("--top", type=int, default=1,
                         help="refinements of each problem's TOP fastest kernels "
                         "(default: %(default)s)")
@@ -300,9 +303,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the model's expected gain a refinement needs "
                         "(default: %(default)s)")
     refine.add_argument("--workers", type=int, default=16, help="compile processes")
-    refine.add_argument("--dry-run", action="store_true", help="the model's estimates (no GPU)")
-    refine.add_argument("--plan", action="store_true", help="only count the problems")
-    _add_quiet(refine)
     refine.set_defaults(run=_refine)
 
     export = sub.add_parser("export", help="write generated .cu files for inspection")

@@ -23,19 +23,8 @@ import numpy as np
 
 from ..build.nvrtc import compile_module, cupy
 from ..codegen import KernelSource, render
+from ..families import plan as data
 from ..families.base import Config, PreparedWeight
-from ..families.plan import (
-    A,
-    Aligned16,
-    C,
-    Call,
-    Device,
-    Launch,
-    LaunchPlan,
-    Pointer,
-    Scalar,
-    TensorMap2D,
-)
 from ..families.registry import family_of
 from ..format import NMMatrix
 from ..problem import ALayout
@@ -154,7 +143,7 @@ class _MapSlot:
     less than encoding it again)."""
 
     map: ctypes.Array
-    spec: TensorMap2D
+    spec: data.TensorMap2D
     ptr: int = -1
     encoded: dict[int, bytes] = field(default_factory=dict)
 
@@ -177,7 +166,7 @@ class _BoundLaunch:
     """One ``Launch`` with its argument block packed; the buffers of the weight written
     once, those of the call (``moving``) at every call."""
 
-    def __init__(self, launch: Launch, function: Any, fixed: dict[str, int]):
+    def __init__(self, launch: data.Launch, function: Any, fixed: dict[str, int]):
         self.function_ptr = function.ptr
         self.grid, self.threads, self.smem = launch.grid, launch.threads, launch.smem
         self.args: list[Any] = []
@@ -191,18 +180,18 @@ class _BoundLaunch:
                                if launch.after_previous else None)
 
     def _bind(self, arg: Any, fixed: dict[str, int]) -> Any:
-        if isinstance(arg, Scalar):
+        if isinstance(arg, data.Scalar):
             return _CTYPES[arg.kind](arg.value)
-        if isinstance(arg, Pointer):
+        if isinstance(arg, data.Pointer):
             value = ctypes.c_uint64(fixed.get(arg.buffer, 0))
             if arg.buffer not in fixed:
                 self.moving.append((value, arg.buffer))
             return value
-        if isinstance(arg, Aligned16):
+        if isinstance(arg, data.Aligned16):
             value = ctypes.c_int32(0)
             self.flags.append((value, arg.buffer, arg.allowed))
             return value
-        if isinstance(arg, TensorMap2D):
+        if isinstance(arg, data.TensorMap2D):
             slot = _MapSlot(tma.TensorMap(), arg)
             if arg.buffer in fixed:
                 slot.point_at(fixed[arg.buffer])
@@ -230,7 +219,7 @@ class BoundPlan:
     """A family's ``LaunchPlan`` with its launches bound to compiled functions and to the
     weight on the device."""
 
-    def __init__(self, plan: LaunchPlan, launches: list[_BoundLaunch]):
+    def __init__(self, plan: data.LaunchPlan, launches: list[_BoundLaunch]):
         self.plan = plan
         self.launches = launches
         # Workspaces of launches captured into CUDA graphs (``_workspace``): a replay
@@ -317,12 +306,12 @@ class Kernel:
                     "the kernel and lays the weight out on the GPU, which cannot be done "
                     "while a CUDA graph is being captured; make the same call once before "
                     "capturing")
-            bound = b._prepared[key] = self._bind(b, a_op.device, Call(rows, lda, key[-1]))
+            bound = b._prepared[key] = self._bind(b, a_op.device, data.Call(rows, lda, key[-1]))
         return bound
 
-    def _bind(self, b: NMMatrix, device: int, call: Call) -> BoundPlan:
+    def _bind(self, b: NMMatrix, device: int, call: data.Call) -> BoundPlan:
         weight, host = device_weight(b, self.config)
-        facts = Device(device_info().sms, self._resident_blocks(device))
+        facts = data.Device(device_info().sms, self._resident_blocks(device))
         plan = self.family.plan(self.config, host, b.shape, call, facts)
         fixed = {name: weight.ptr(name) for name in weight.arrays}
         launches = [_BoundLaunch(launch, self._function(device, launch.entry, launch.smem),
@@ -350,13 +339,13 @@ class Kernel:
         if plan.instead is not None:
             return self._kernel_instead(plan.instead).run(a, a_op, b, out, stream)
         if not plan.workspaces:
-            bound.run({A: a_op.ptr, C: c_op.ptr}, stream_ptr)
+            bound.run({data.A: a_op.ptr, data.C: c_op.ptr}, stream_ptr)
         elif plan.chunks and self.pipeline:
             self._run_pipelined(bound, a_op, lda, b, c_op.ptr, handle)
         else:
             with handle if handle is not None else cupy().cuda.get_current_stream():
                 spaces = _workspaces([bound], bound, a_op, capturing(stream_ptr))
-                bound.run({A: a_op.ptr, C: c_op.ptr, **_addresses(spaces)}, stream_ptr)
+                bound.run({data.A: a_op.ptr, data.C: c_op.ptr, **_addresses(spaces)}, stream_ptr)
         return out
 
     def _run_pipelined(self, whole: BoundPlan, a_op: Operand, lda: int, b: NMMatrix,
@@ -385,7 +374,7 @@ class Kernel:
         first_done, first = None, 0
         for j, rows in enumerate(chunks):
             stream = streams[j % 2]
-            ptrs = {A: a_op.ptr + a_step * first, C: c_ptr + c_step * first,
+            ptrs = {data.A: a_op.ptr + a_step * first, data.C: c_ptr + c_step * first,
                     **_addresses(spaces[j % 2])}
             if j == 1:
                 stream.wait_event(first_done)
