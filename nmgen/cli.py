@@ -17,7 +17,10 @@ from .version import __version__
 
 
 def _patterns(text: str) -> list[Pattern]:
-    return [Pattern.parse(p) for p in text.split(",") if p.strip()]
+    patterns = [Pattern.parse(p) for p in text.split(",") if p.strip()]
+    if not patterns:
+        raise ValueError(f"--pattern {text!r}: no pattern given (e.g. 8:32 or 2:4,8:32)")
+    return patterns
 
 
 def _pattern_set(text: str | None) -> set[tuple[int, int]] | None:
@@ -25,7 +28,8 @@ def _pattern_set(text: str | None) -> set[tuple[int, int]] | None:
 
 
 def _tasks(args: argparse.Namespace) -> list:
-    """One task a (pattern, shape, family serving it)."""
+    """One task a (pattern, shape, family serving it); a problem that no family's space
+    can serve is an error, not a tune that stores nothing."""
     from .families.registry import get, serving
     from .gpus import gpu_spec
     from .problem import Problem
@@ -40,24 +44,43 @@ def _tasks(args: argparse.Namespace) -> list:
         families = [get(args.family)] if args.family else serving(problem)
         if not families:
             raise ValueError(f"no kernel family serves {problem}")
+        for family in families:
+            if family.serves(problem) is not None:
+                raise ValueError(f"--family {family.name}: {family.serves(problem)}")
+            if not family.seed_candidates(problem, family.space):
+                raise ValueError(f"no {family.name} kernel fits {problem}: no configuration "
+                                 f"of its space is valid for L = {args.vec}")
         tasks += [TuneTask(spec, f, problem, *shape) for f in families for shape in shapes]
     return tasks
 
 
+def _check_tune_arguments(args: argparse.Namespace) -> None:
+    for option, value, least in (("--compile-workers", args.compile_workers, 1),
+                                 ("--ahead-workers", args.ahead_workers, 0),
+                                 ("--in-flight", args.in_flight, 1), ("--trials", args.trials, 1),
+                                 ("--vec", args.vec, 1), ("--worker-count", args.worker_count, 1),
+                                 ("--worker-index", args.worker_index, 0),
+                                 ("--compile-top", args.compile_top, 0)):
+        if value is not None and value < least:
+            raise ValueError(f"{option} must be at least {least}, not {value}")
+    if not args.time_budget > 0:
+        raise ValueError(f"--time-budget must be a positive number of seconds, not "
+                         f"{args.time_budget}")
+    if args.worker_index >= args.worker_count:
+        raise ValueError(f"--worker-index {args.worker_index} is not below --worker-count "
+                         f"{args.worker_count}")
+
+
 def _tune(args: argparse.Namespace) -> int:
-    from .store.database import default_url
+    from .store.database import database_url, default_url
     from .tune.command import device_list, tune_here, tune_on_devices
     from .tune.studies import check_storage, default_storage_url
 
-    for option, value, least in (("--compile-workers", args.compile_workers, 1),
-                                 ("--ahead-workers", args.ahead_workers, 0),
-                                 ("--in-flight", args.in_flight, 1)):
-        if value is not None and value < least:
-            raise ValueError(f"{option} must be at least {least}, not {value}")
+    _check_tune_arguments(args)
     tasks = _tasks(args)
     devices = device_list(args.devices)
     workers = max(len(devices), args.worker_count)
-    db_url = args.db or default_url()
+    db_url = database_url(args.db) if args.db else default_url()
     storage_url = args.storage or default_storage_url(db_url)
     check_storage(storage_url, workers)
     if devices:
@@ -66,10 +89,24 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
+    """The tuned table of ``--db``; by default of your database, then of the shipped one."""
+    from .store.database import default_url, shipped_db
+
+    if args.db:
+        _show_table(args.db)
+        return 0
+    for url in (default_url(), f"sqlite:///{shipped_db()}"):
+        if Path(url.removeprefix("sqlite:///")).exists() or not url.startswith("sqlite:///"):
+            print(f"# {url}")
+            _show_table(url)
+    return 0
+
+
+def _show_table(url: str) -> None:
     from .policy import summary
     from .store.database import connect
 
-    rows = summary(connect(args.db))
+    rows = summary(connect(url, writable=False))
     print(f"{'gpu':8} {'family':6} {'dtype':5} {'pattern':8} {'L':>4} {'A':3} {'M':>6} "
           f"{'N':>6} {'K':>6} {'trials':>6} {'ms':>9} {'TFLOP/s':>8} {'model_ms':>9}  best")
     for r in sorted(rows, key=lambda r: (r["gpu"], r["family"], r["pattern"], r["shape"])):
@@ -83,7 +120,6 @@ def _show(args: argparse.Namespace) -> int:
         print(f"{r['gpu']:8} {r['family']:6} {r['dtype']:5} {r['pattern']:8} {r['vec']:>4} "
               f"{r['a_layout']:3} {m:>6} {n:>6} {k:>6} {r['trials']:>6} {ms:>9} {tf:>8} "
               f"{model:>9}  {best}")
-    return 0
 
 
 def _carry(args: argparse.Namespace) -> int:
@@ -341,9 +377,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (ConfigError, ShapeFileError, ValueError, FileNotFoundError, RuntimeError
-            ) as exc:
+    except (ConfigError, ShapeFileError, ValueError, TypeError, RuntimeError) as exc:
         print(f"nmgen {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a file or folder the command cannot read or write
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"nmgen {args.command}: error:{where}: {exc.strerror or exc}", file=sys.stderr)
         return 2
 
 

@@ -16,6 +16,7 @@ import threading
 import warnings
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .families.base import Config, Family
@@ -27,14 +28,18 @@ from .problem import ALayout, Problem
 from .runtime.device import DeviceInfo, device_info, operand
 from .runtime.launch import Kernel
 from .shapes import shape_distance
-from .store.database import connect, shipped_db
+from .store.database import connect, default_url, shipped_db
 from .store.records import ProblemKey
+
+# Where a decision comes from, best first: a record of this shape, of the nearest tuned
+# shape, the same from another CUDA runtime's records, the family's model.
+SOURCES = ("exact", "nearest", "exact-other-cuda", "nearest-other-cuda", "model")
 
 
 @dataclass
 class Decision:
     config: Config
-    source: str  # "exact", "nearest" or "model"
+    source: str  # one of SOURCES
     time_ms: float | None = None  # measured (exact, nearest) or estimated (model)
 
 
@@ -55,13 +60,13 @@ class Dispatcher:
         self.counts: Counter[str] = Counter()
 
     def _dbs(self) -> list[Any]:
+        """The databases read, the user's first; dispatch never writes to them."""
         if self._engines is None:
             urls = self._urls
             if urls is None:
-                urls = [None]
-                if shipped_db().exists():  # read-only use: never written by dispatch
-                    urls.append(f"sqlite:///{shipped_db()}")
-            self._engines = [connect(u) for u in urls]
+                urls = [u for u in (default_url(), f"sqlite:///{shipped_db()}")
+                        if not u.startswith("sqlite:///") or Path(u[10:]).exists()]
+            self._engines = [connect(u, writable=False) for u in urls]
         return self._engines
 
     def decide(self, problem: Problem, shape: tuple[int, int, int]) -> Decision:
@@ -77,10 +82,12 @@ class Dispatcher:
         families = serving(problem)
         if not families:
             raise ValueError(f"no kernel family serves {problem}")
-        found = [self._lookup_family(f, problem, shape) for f in families]
-        rank = {"exact": 0, "nearest": 1, "model": 2}
-        return min((d for d in found if d is not None),
-                   key=lambda d: (rank[d.source], d.time_ms or 0.0, d.config.name))
+        found = [d for f in families if (d := self._lookup_family(f, problem, shape))]
+        if not found:
+            raise ValueError(f"no kernel of the families serving {problem} fits it "
+                             f"({', '.join(f.name for f in families)})")
+        return min(found, key=lambda d: (SOURCES.index(d.source), d.time_ms or 0.0,
+                                         d.config.name))
 
     @property
     def device(self) -> DeviceInfo:
@@ -89,14 +96,18 @@ class Dispatcher:
     def _lookup_family(self, family: Family, problem: Problem, shape: tuple[int, int, int]
                        ) -> Decision | None:
         key = problem_key(family, problem, shape, self.device)
-        for engine in self._dbs():
-            winners = best_per_problem(engine, key)
-            if shape in winners:
-                return Decision(winners[shape].config, "exact", winners[shape].time_ms)
-            if winners:
-                nearest = min(winners.values(), key=lambda w: (shape_distance(w.shape, shape),
-                                                               w.config.name))
-                return Decision(nearest.config, "nearest", nearest.time_ms)
+        # Records of this CUDA runtime, then of another runtime of the same GPU and kernel
+        # source (the compiler differs, the kernel does not): better than the model.
+        for any_cuda, suffix in ((False, ""), (True, "-other-cuda")):
+            for engine in self._dbs():
+                winners = best_per_problem(engine, key, any_cuda=any_cuda)
+                if shape in winners:
+                    return Decision(winners[shape].config, "exact" + suffix,
+                                    winners[shape].time_ms)
+                if winners:
+                    nearest = min(winners.values(), key=lambda w: (
+                        shape_distance(w.shape, shape), w.config.name))
+                    return Decision(nearest.config, "nearest" + suffix, nearest.time_ms)
         gpu = spec_or_h100(key.gpu)
         config = family.default_config(problem, gpu, shape)
         if config is None:
@@ -196,5 +207,6 @@ def dispatch(a: Any, b: NMMatrix, out: Any = None, *, stream: Any = None) -> Any
 
 
 def dispatch_stats() -> dict[str, int]:
-    """How many calls were served from an exact record, a nearest shape or the model."""
+    """How many calls were served from each source of ``SOURCES``: an exact record, a
+    nearest shape, another CUDA runtime's records, the model."""
     return dict(default_dispatcher().counts)

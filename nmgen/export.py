@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import shutil
 from pathlib import Path
 
 from .codegen import render
 from .families.base import Config
-from .families.registry import config_from_dict, config_from_name
+from .families.registry import config_from_dict, config_from_name, family_of
+from .version import __version__
 
 
 def load_config(spec: str) -> Config:
@@ -19,12 +21,25 @@ def load_config(spec: str) -> Config:
     return config_from_name(spec)
 
 
+def provenance(config: Config) -> str:
+    """The comment an exported kernel starts with: where the arrays it reads and its
+    launch come from, which the generated source alone does not say."""
+    family = family_of(config)
+    folder = Path(inspect.getfile(type(family))).resolve().parent
+    package = Path(__file__).resolve().parent.parent
+    where = folder.relative_to(package) if folder.is_relative_to(package) else folder
+    return (f"// Exported by nmgen {__version__} ({family.title} family). The weight's arrays\n"
+            f"// this kernel reads are made by the family's prepare() and its launches (grid,\n"
+            f"// block, shared memory, arguments, workspaces) by its plan(): {where}/.\n")
+
+
 def export_kernel(config: Config, out_dir: Path, cubin: bool = False) -> list[Path]:
-    """Write ``NAME.cu`` and ``NAME.json`` (and ``NAME.cubin`` + ptxas log, through nvcc)."""
+    """Write ``NAME.cu`` (the generated source behind a provenance comment) and
+    ``NAME.json`` (and ``NAME.cubin`` + ptxas log, through nvcc)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     source = render(config)
     written = [out_dir / f"{config.name}.cu", out_dir / f"{config.name}.json"]
-    written[0].write_text(source.code)
+    written[0].write_text(provenance(config) + source.code)
     written[1].write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
     if cubin:
         from .build.nvcc import compile_with_nvcc
@@ -49,7 +64,7 @@ def export_from_db(db_url: str | None, shapes: list[tuple[int, int, int]], out_d
 
     out_dir.mkdir(parents=True, exist_ok=True)
     wanted = set(shapes)
-    rows = sorted((r for r in summary(connect(db_url))
+    rows = sorted((r for r in summary(connect(db_url, writable=False))
                    if tuple(r["shape"]) in wanted and r["best"] is not None),
                   key=lambda r: (r["gpu"], r["family"], r["pattern"], r["shape"]))
     lines = ["| gpu | family | dtype | pattern | L | A | M | N | K | ms | kernel |",

@@ -74,6 +74,12 @@ class Pattern:
     m: int
 
     def __post_init__(self) -> None:
+        if not (_is_int(self.n) and _is_int(self.m)):
+            raise TypeError(f"pattern {self.n!r}:{self.m!r}: n and m must be integers, got "
+                            f"{type(self.n).__name__} and {type(self.m).__name__}")
+        # NumPy integers become Python ints (equal, hashable alike, and JSON-serialisable).
+        object.__setattr__(self, "n", int(self.n))
+        object.__setattr__(self, "m", int(self.m))
         if not (1 <= self.n <= self.m):
             raise ValueError(f"pattern {self.n}:{self.m}: need 1 <= n <= m")
         if self.m > MAX_M:
@@ -89,7 +95,9 @@ class Pattern:
                 raise ValueError(f"pattern {pattern!r}: expected 'n:m', e.g. '2:4'")
             return cls(int(match.group(1)), int(match.group(2)))
         if isinstance(pattern, tuple) and len(pattern) == 2:
-            return cls(int(pattern[0]), int(pattern[1]))
+            if not (_is_int(pattern[0]) and _is_int(pattern[1])):
+                raise TypeError(f"pattern {pattern!r}: (n, m) must be integers, e.g. (2, 4)")
+            return cls(pattern[0], pattern[1])
         raise TypeError(f"pattern {pattern!r}: expected 'n:m' or (n, m)")
 
     @property
@@ -98,6 +106,11 @@ class Pattern:
 
     def __str__(self) -> str:
         return f"{self.n}:{self.m}"
+
+
+def _is_int(x: Any) -> bool:
+    """A Python or NumPy integer, not a bool (``True`` is an ``int`` to Python)."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -132,6 +145,48 @@ def _values_dtype(array: np.ndarray, dtype: DType | str | None) -> np.dtype:
     return (own or DType.F32).numpy
 
 
+def _as_values(array: np.ndarray, dtype: DType | str | None, what: str) -> np.ndarray:
+    """``array`` in the values' dtype (see ``_values_dtype``), refused (naming it ``what``)
+    where it is complex, not numeric, holds NaN or inf, or overflows that dtype."""
+    kind = array.dtype.kind
+    if kind == "c":
+        raise TypeError(f"{what} is complex ({array.dtype}): N:M values are real; pass "
+                        "its .real if the imaginary part is meant to go")
+    if kind not in "iuf" and not _is_ml_dtype(array.dtype):
+        raise TypeError(f"{what} has dtype {array.dtype}: expected real numbers (float32, "
+                        "bfloat16, float16 or another float or integer dtype)")
+    _check_finite(array, what)
+    target = _values_dtype(array, dtype)
+    with np.errstate(over="ignore"):
+        cast = np.asarray(array, dtype=target)
+    if cast.dtype != array.dtype:
+        overflow = int(np.count_nonzero(~np.isfinite(cast)))
+        if overflow:
+            limit = float(ml_dtypes.finfo(target).max)
+            raise ValueError(f"{what} holds {overflow} value(s) beyond the range of "
+                             f"{DType.of(cast).value} (|x| > {limit:g}): they would become inf")
+    return cast
+
+
+def _is_ml_dtype(dt: np.dtype) -> bool:
+    """One of ml_dtypes' numeric types (bfloat16, float8_*, int4, ...)."""
+    return dt.kind == "V" and dt.type.__module__.startswith("ml_dtypes") and not dt.names
+
+
+def _check_finite(array: np.ndarray, what: str) -> None:
+    if array.dtype.kind in "iu":
+        return
+    bad = array.size - int(np.count_nonzero(np.isfinite(array)))
+    if bad:
+        raise ValueError(f"{what} holds {bad} non-finite values (NaN or inf): "
+                         f"{'prune a finite weight' if what == 'weight' else 'pass finite values'}")
+
+
+def _check_shape(k: int, n_cols: int) -> None:
+    if k < 1 or n_cols < 1:
+        raise ValueError(f"shape (K, N) = ({k}, {n_cols}): K and N must be >= 1")
+
+
 @dataclass(eq=False)
 class NMMatrix:
     """A ``K×N`` matrix in vector-wise N:M form (see the module docstring).
@@ -160,17 +215,36 @@ class NMMatrix:
         dtype: DType | str | None = None,
     ) -> NMMatrix:
         """Build from given ``values`` (``W×N``) and ``indices`` (``W×⌈N/L⌉``), validated.
-        The values keep their dtype (float32, bfloat16 or float16; any other becomes
-        float32) unless ``dtype`` says otherwise."""
+        The values keep their dtype (float32, bfloat16 or float16; any other real dtype
+        becomes float32) unless ``dtype`` says otherwise.
+
+        Refused, as each would be silently lost or misread otherwise:
+
+        - ``shape`` not two integers, or ``K`` or ``N`` < 1: there is nothing to multiply.
+        - ``vec`` not a positive integer (a bool included): ``True`` is not a length.
+        - a ``pattern`` tuple of non-integers: ``(2.7, 4)`` would be truncated to 2:4.
+        - complex ``values`` (TypeError): the imaginary part would be dropped.
+        - non-numeric ``values`` (bool, object, str; TypeError): not weights.
+        - ``values`` or ``indices`` of the wrong shape: they would not line up.
+        - ``values`` holding NaN or inf: they poison every product they touch.
+        - ``values`` beyond the range of ``dtype``: they would become inf.
+        - non-integer ``indices`` (TypeError): a float index would be truncated.
+        - an index outside ``[0, m)`` or not strictly ascending within a window: it names
+          no row, or a row twice.
+        - an index into the zero padding of the last window (row ≥ ``K``) where that
+          window has ``n`` real rows to keep, and any non-zero value in a padding slot
+          (only where it has fewer): the value would vanish from every product.
+        """
         pat = Pattern.parse(pattern)
+        if len(shape) != 2 or not all(_is_int(s) for s in shape):
+            raise ValueError(f"shape {shape!r}: expected (K, N), two integers")
         k, n_cols = (int(s) for s in shape)
-        _check_vec(vec)
-        if k < 1 or n_cols < 1:
-            raise ValueError(f"shape {shape}: K and N must be >= 1")
+        vec = _check_vec(vec)
+        _check_shape(k, n_cols)
         w_rows = _ceil_div(k, pat.m) * pat.n
         groups = _ceil_div(n_cols, vec)
         host_values = to_numpy(values)
-        vals = np.ascontiguousarray(host_values, dtype=_values_dtype(host_values, dtype))
+        vals = _as_values(host_values, dtype, "values")
         idx = to_numpy(indices)
         if vals.shape != (w_rows, n_cols):
             raise ValueError(
@@ -184,7 +258,9 @@ class NMMatrix:
             )
         if not np.issubdtype(idx.dtype, np.integer):
             raise TypeError(f"indices must be integers, got {idx.dtype}")
-        _validate_indices(idx.astype(np.int64), pat)
+        idx64 = idx.astype(np.int64)
+        _validate_indices(idx64, pat)
+        _validate_padding(vals, idx64, pat, vec, k)
         padded_cols = groups * vec
         vals_p = np.zeros((w_rows, padded_cols), vals.dtype)
         vals_p[:, :n_cols] = vals
@@ -245,14 +321,15 @@ class NMMatrix:
                 f"dtype={self.dtype.value})")
 
 
-def _check_vec(vec: int) -> None:
-    if not isinstance(vec, (int, np.integer)) or vec < 1:
-        raise ValueError(f"vec {vec!r}: the vector length L must be a positive integer")
+def _check_vec(vec: int) -> int:
+    """``vec`` as a Python int, refused unless a positive (Python or NumPy) integer."""
+    if not _is_int(vec) or vec < 1:
+        what = " (a bool is not a length)" if isinstance(vec, (bool, np.bool_)) else ""
+        raise ValueError(f"vec {vec!r}: the vector length L must be a positive integer{what}")
+    return int(vec)
 
 
 def _validate_indices(idx: np.ndarray, pat: Pattern) -> None:
-    if idx.size == 0:
-        return
     if idx.min() < 0 or idx.max() >= pat.m:
         raise ValueError(f"indices out of range: every index must be in [0, {pat.m}) for {pat}")
     per_window = idx.reshape(-1, pat.n, idx.shape[1])
@@ -261,6 +338,43 @@ def _validate_indices(idx: np.ndarray, pat: Pattern) -> None:
             f"indices must be strictly ascending within each window of {pat.n} "
             "(no repeats): found a window where they are not"
         )
+
+
+def _validate_padding(vals: np.ndarray, idx: np.ndarray, pat: Pattern, vec: int,
+                      k: int) -> None:
+    """The last window's rows at or past ``K`` are zero padding: what is kept there would
+    vanish. An index may point there only where the window has fewer than ``n`` real rows
+    (it then keeps all of them), and the values it holds must be zero."""
+    windows = idx.shape[0] // pat.n
+    last = windows - 1
+    real = k - last * pat.m  # rows of the last window inside K
+    if real == pat.m:
+        return
+    tail = idx[-pat.n:]  # n×G, ascending
+    inside = np.count_nonzero(tail < real, axis=0)
+    short = np.nonzero(inside < min(pat.n, real))[0]
+    if short.size:
+        q = int(short[0])
+        rows = [last * pat.m + int(i) for i in tail[:, q]]
+        first = last * pat.m
+        span = f"row {first}" if real == 1 else f"rows {first}..{k - 1}"
+        need = (f"all its real {span}, as it has fewer than n={pat.n}" if real < pat.n
+                else f"only rows < {k}")
+        raise ValueError(
+            f"indices of window {last} (group {q}) keep rows {rows}, some in the zero "
+            f"padding past K={k}, where their values would vanish: that window must keep "
+            f"{need} (indices < {real})"
+        )
+    if real < pat.n:
+        slots = np.repeat(tail >= real, vec, axis=1)[:, : vals.shape[1]]  # n×N
+        lost = int(np.count_nonzero(vals[-pat.n:][slots] != 0))
+        if lost:
+            raise ValueError(
+                f"values of window {last} hold {lost} non-zero value(s) in the "
+                f"{pat.n - real} slot(s) per group that K={k} leaves in the zero padding "
+                f"(the window has {real} real rows for n={pat.n}): they would vanish; "
+                "make them 0"
+            )
 
 
 def prune(
@@ -276,10 +390,20 @@ def prune(
     PyTorch ``nn.Linear.weight`` ``[out, in] = [N, K]`` (``y = x @ w.T``); it is
     transposed here so that the result multiplies as ``x @ B`` either way. The values
     keep ``w``'s dtype where it is float32, bfloat16 or float16 (others become float32),
-    or take ``dtype``; the norms are computed in float64.
+    or take ``dtype``; the norms are computed in float64. Ties go to the lower row.
+
+    Refused, as each would be silently lost or misread otherwise:
+
+    - ``w`` not 2-D, or ``K`` or ``N`` < 1: there is nothing to prune.
+    - ``vec`` not a positive integer (a bool included): ``True`` is not a length.
+    - a ``pattern`` tuple of non-integers: ``(2.7, 4)`` would be truncated to 2:4.
+    - a complex ``w`` (TypeError): the imaginary part would be dropped.
+    - a non-numeric ``w`` (bool, object, str; TypeError): not a weight.
+    - ``w`` holding NaN or inf: a NaN row would lose to any finite one, an inf be kept.
+    - values beyond the range of the values' dtype: they would become inf.
     """
     pat = Pattern.parse(pattern)
-    _check_vec(vec)
+    vec = _check_vec(vec)
     dense = to_numpy(w)
     if dense.ndim != 2:
         raise ValueError(f"weight must be 2-D, got shape {dense.shape}")
@@ -287,7 +411,8 @@ def prune(
         dense = dense.T
     elif layout != "kn":
         raise ValueError(f"layout {layout!r}: expected 'kn' (K×N) or 'nk' (PyTorch [out, in])")
-    dense = np.asarray(dense, dtype=_values_dtype(dense, dtype))
+    _check_shape(*dense.shape)
+    dense = _as_values(dense, dtype, "weight")
     k, n_cols = dense.shape
     windows, groups = _ceil_div(k, pat.m), _ceil_div(n_cols, vec)
     padded = np.zeros((windows * pat.m, groups * vec), dense.dtype)

@@ -57,13 +57,14 @@ def reference_name(key: ProblemKey) -> str | None:
     return config.name if config is not None else None
 
 
-def best_per_problem(engine: Engine, key: ProblemKey, status: str = TrialStatus.OK
-                     ) -> dict[tuple[int, int, int], Winner]:
+def best_per_problem(engine: Engine, key: ProblemKey, status: str = TrialStatus.OK,
+                     any_cuda: bool = False) -> dict[tuple[int, int, int], Winner]:
     """For every tuned shape of ``key``'s problem: its winner; ``status="model"`` reads a
-    dry run's estimates instead of measurements."""
+    dry run's estimates instead of measurements; ``any_cuda``: records of the same GPU
+    and kernel source under another CUDA runtime too."""
     reference = reference_name(key)
     winners = {}
-    for shape, trials in shape_times(engine, key, status).items():
+    for shape, trials in shape_times(engine, key, status, any_cuda).items():
         time_ms, name = pick_winner([(t, n) for t, n, _ in trials], reference)
         params = next(p for t, n, p in trials if n == name)
         winners[shape] = Winner(config_from_dict(params), time_ms, shape)

@@ -1,4 +1,4 @@
-"""Shape lists: one ``M N K`` a line, ``#`` comments; errors name the line."""
+"""Shape lists: one ``M N K`` a line, ``#`` comments; errors name the file and the line."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import math
 from pathlib import Path
 
 Shape = tuple[int, int, int]
+# The kernels index rows, columns and depth with 32-bit integers.
+MAX_DIM = 2**31 - 1
 
 
 class ShapeFileError(ValueError):
@@ -13,8 +15,15 @@ class ShapeFileError(ValueError):
 
 
 def read_shapes(path: str | Path) -> list[tuple[int, int, int]]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ShapeFileError(f"{path}: not a UTF-8 text file ({exc.reason} at byte "
+                             f"{exc.start})") from None
+    except IsADirectoryError:
+        raise ShapeFileError(f"{path}: a directory, not a shapes file") from None
     shapes = []
-    for number, raw in enumerate(Path(path).read_text().splitlines(), start=1):
+    for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
@@ -27,6 +36,9 @@ def read_shapes(path: str | Path) -> list[tuple[int, int, int]]:
         if len(values) != 3 or min(values) < 1:
             raise ShapeFileError(f"{path}:{number}: expected three positive integers "
                                  f"'M N K', got {raw.strip()!r}")
+        if max(values) > MAX_DIM:
+            raise ShapeFileError(f"{path}:{number}: {raw.strip()!r}: each of M, N and K "
+                                 f"must be at most {MAX_DIM} (32-bit indexing)")
         shapes.append(values)
     if not shapes:
         raise ShapeFileError(f"{path}: no shapes")

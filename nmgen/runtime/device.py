@@ -42,7 +42,12 @@ def device_count() -> int:
 def device_info() -> DeviceInfo:
     """The current device, queried once per device."""
     cp = cupy()
-    device = cp.cuda.Device().id
+    try:
+        device = cp.cuda.Device().id
+    except cp.cuda.runtime.CUDARuntimeError as exc:
+        raise RuntimeError(f"no usable CUDA GPU ({exc}): running kernels needs an NVIDIA GPU "
+                           "and its driver; tuning with --dry-run, export and the tests' "
+                           "CPU part need neither") from None
     info = _DEVICE_INFO.get(device)
     if info is None:
         props = cp.cuda.runtime.getDeviceProperties(device)

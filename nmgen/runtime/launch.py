@@ -28,6 +28,7 @@ from ..families.base import Config, PreparedWeight
 from ..families.registry import family_of
 from ..format import NMMatrix
 from ..problem import ALayout
+from ..shapes import MAX_DIM
 from . import tma
 from .device import (
     Operand,
@@ -515,6 +516,9 @@ def check_a(a: Operand, b: NMMatrix, config: Config) -> tuple[int, int]:
     if k_dim != b.shape[0]:
         raise ValueError(f"a is {m_rows}×{k_dim} but b is {b.shape[0]}×{b.shape[1]}: "
                          "a's K must equal b's K")
+    if max(m_rows, *b.shape) > MAX_DIM:
+        raise ValueError(f"a is {m_rows}×{k_dim}, b {b.shape[0]}×{b.shape[1]}: each of M, N "
+                         f"and K must be at most {MAX_DIM} (the kernels index in 32 bits)")
     check_placement(a)
     size = dtype.itemsize
     row_major = config.a_layout is ALayout.ROW_MAJOR

@@ -5,14 +5,22 @@ nmgen is read after the user's."""
 from __future__ import annotations
 
 import os
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from sqlalchemy import create_engine, event
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+from sqlalchemy import create_engine, event, inspect
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import (
+    ArgumentError,
+    IntegrityError,
+    NoSuchModuleError,
+    OperationalError,
+    ProgrammingError,
+)
+from sqlalchemy.exc import DatabaseError as SqlDatabaseError
 
 from .tables import Base
 
@@ -24,24 +32,87 @@ def shipped_db() -> Path:
     return SHIPPED_DB
 
 
+class DatabaseError(ValueError):
+    """A database nmgen cannot use; the message says which and why."""
+
+
 def default_url() -> str:
-    path = os.environ.get("NMGEN_DB") or str(Path.home() / ".cache" / "nmgen" / "tuned.db")
-    if "://" in path:
-        return path
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    """``NMGEN_DB`` (a URL or a path), else ``~/.cache/nmgen/tuned.db``."""
+    text = os.environ.get("NMGEN_DB")
+    if text:
+        return database_url(text)
+    path = Path.home() / ".cache" / "nmgen" / "tuned.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{path}"
 
 
-def connect(url: str | None = None) -> Engine:
-    url = url or default_url()
+def database_url(text: str) -> str:
+    """A SQLAlchemy URL from what a user gives (``--db``, ``NMGEN_DB``): a URL as it is, a
+    plain path as an SQLite file."""
+    if "://" not in text:
+        return f"sqlite:///{Path(text).expanduser()}"
+    try:
+        make_url(text)
+    except ArgumentError:
+        raise DatabaseError(f"{text!r} is neither a database URL (sqlite:///PATH, "
+                            "postgresql+psycopg://USER@HOST/DB) nor a path") from None
+    return text
+
+
+def connect(url: str | None = None, writable: bool = True) -> Engine:
+    """An engine on the database at ``url`` (default: ``default_url()``), its tables made
+    where missing. ``writable=False`` opens an existing database to read (a SQLite file
+    read-only) and makes nothing."""
+    url = database_url(url) if url else default_url()
     if url.startswith("sqlite"):  # several worker processes of one host may write
-        engine = create_engine(url, connect_args={"timeout": 60})
-        event.listen(engine, "connect", _sqlite_wal)
+        engine = _sqlite_engine(url, writable)
     else:
-        engine = create_engine(url, pool_pre_ping=True)
-    # Workers starting together race to create the tables.
-    retry_on_race(lambda: Base.metadata.create_all(engine), attempts=3)
+        try:
+            engine = create_engine(url, pool_pre_ping=True)
+        except NoSuchModuleError:
+            kind = url.split("://", 1)[0]
+            raise DatabaseError(f"{url}: SQLAlchemy knows no database {kind!r} (sqlite, "
+                                "postgresql+psycopg, ...)") from None
+        except (ArgumentError, ImportError) as exc:
+            raise DatabaseError(f"{url}: {exc}") from None
+    if writable:  # workers starting together race to create the tables
+        _checked(url, lambda: retry_on_race(lambda: Base.metadata.create_all(engine),
+                                            attempts=3))
+    else:
+        _checked(url, lambda: inspect(engine).get_table_names())
     return engine
+
+
+def _sqlite_engine(url: str, writable: bool) -> Engine:
+    path = make_url(url).database
+    if path and path != ":memory:":
+        file = Path(path)
+        if not file.parent.is_dir():
+            raise DatabaseError(f"{file}: its directory {file.parent} does not exist")
+        if file.is_dir():
+            raise DatabaseError(f"{file}: a directory, not a database file")
+        if not writable and not file.exists():
+            raise DatabaseError(f"no database at {file}")
+        if writable and file.exists() and not os.access(file, os.W_OK):
+            raise DatabaseError(f"{file}: the database is read-only, and this command "
+                                "writes to it; give a writable --db")
+        if not writable:  # read an existing file as it is, whatever its permissions
+            uri = f"{file.resolve().as_uri()}?mode=ro"
+            return create_engine("sqlite://", creator=lambda: sqlite3.connect(
+                uri, uri=True, timeout=60, check_same_thread=False))
+    engine = create_engine(url, connect_args={"timeout": 60})
+    event.listen(engine, "connect", _sqlite_wal)
+    return engine
+
+
+def _checked(url: str, action: Callable[[], object]) -> None:
+    """``action()``, with a database that is none (a text file, say) or cannot be reached
+    said in a sentence instead of a driver's traceback."""
+    try:
+        action()
+    except SqlDatabaseError as exc:
+        reason = str(exc.orig) if getattr(exc, "orig", None) is not None else str(exc)
+        raise DatabaseError(f"{url}: {reason}") from None
 
 
 RACE_ERRORS = (IntegrityError, OperationalError, ProgrammingError)

@@ -119,9 +119,9 @@ def update_times(engine: Engine, key: ProblemKey, times: dict[str, float]) -> No
             row.tflops = flops / row.time_ms / 1e9
 
 
-def _problem_filter(key: ProblemKey):
-    return (GpuRow.name == key.gpu, GpuRow.arch == key.arch,
-            GpuRow.cuda_version == key.cuda_version,
+def _problem_filter(key: ProblemKey, any_cuda: bool = False):
+    cuda = () if any_cuda else (GpuRow.cuda_version == key.cuda_version,)
+    return (GpuRow.name == key.gpu, GpuRow.arch == key.arch, *cuda,
             ProblemRow.template_hash == key.template_hash, ProblemRow.n == key.n,
             ProblemRow.m == key.m, ProblemRow.vec == key.vec, ProblemRow.dtype == key.dtype,
             ProblemRow.a_layout == key.a_layout)
@@ -152,19 +152,21 @@ def latest_ceilings(engine: Engine, gpu: str) -> CeilingRow | None:
                                ).first()
 
 
-def shape_times(engine: Engine, key: ProblemKey, status: str
+def shape_times(engine: Engine, key: ProblemKey, status: str, any_cuda: bool = False
                 ) -> dict[tuple[int, int, int], list[tuple[float, str, dict]]]:
-    """For every shape of ``key``'s family of problems (all but the shape): the (time,
-    name, parameters) of each of its trials of ``status``."""
+    """For every shape of ``key``'s problem (all but the shape): the (time, name,
+    parameters) of each of its trials of ``status``; ``any_cuda``: recorded under any
+    CUDA runtime, the newest runtime's where several hold a shape."""
     stmt = (select(ProblemRow.rows, ProblemRow.cols, ProblemRow.depth, TrialRow.time_ms,
-                   ConfigRow.name, ConfigRow.params)
+                   ConfigRow.name, ConfigRow.params, GpuRow.cuda_version)
             .join(TrialRow.problem).join(ProblemRow.gpu).join(TrialRow.config_row)
-            .where(*_problem_filter(key), TrialRow.status == status))
-    times: dict[tuple[int, int, int], list[tuple[float, str, dict]]] = {}
+            .where(*_problem_filter(key, any_cuda), TrialRow.status == status))
+    runtimes: dict[tuple[int, int, int], dict[int, list]] = {}
     with Session(engine) as session:
-        for rows, cols, depth, time_ms, name, params in session.execute(stmt):
-            times.setdefault((rows, cols, depth), []).append((time_ms, name, params))
-    return times
+        for rows, cols, depth, time_ms, name, params, cuda in session.execute(stmt):
+            runtimes.setdefault((rows, cols, depth), {}).setdefault(cuda, []).append(
+                (time_ms, name, params))
+    return {shape: by_cuda[max(by_cuda)] for shape, by_cuda in runtimes.items()}
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,12 @@ def tune_here(args: argparse.Namespace, tasks: list, db_url: str, storage_url: s
                   ahead_workers=0 if args.dry_run else ahead,
                   in_flight=args.in_flight or Tuner.in_flight,
                   log=lambda s: print(prefix + s, file=sys.stderr, flush=True))
+    done = [t for t in tasks if tuner.open_work(t)[0] >= tuner.trials]
+    if len(done) == len(tasks):
+        print(f"{prefix}all {len(tasks)} problems already have their {tuner.trials} trials in "
+              f"{db_url}: nothing to tune")
+        tuner.close()
+        return 0
     if not args.dry_run:
         tuner.log(f"set up {process_age():.1f} s after the process started; compile "
                   f"processes: {workers} for the batches timed next, {ahead} for the next "
