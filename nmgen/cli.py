@@ -232,6 +232,26 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _selftest(args: argparse.Namespace) -> int:
+    from .bench.selftest import selftest, write
+    from .families.registry import all_families, get
+    from .progress import Progress
+
+    if args.cases < 1:
+        raise ValueError(f"--cases must be at least 1, not {args.cases}")
+    families = [get(args.family)] if args.family else list(all_families())
+    with Progress(args.cases * len(families), "cases", args.quiet) as bar:
+        outcome = selftest(args.cases, args.seed, per_config=args.per_config,
+                           max_size=args.max_size, families=families,
+                           log=lambda s: print(s, file=sys.stderr, flush=True),
+                           advance=bar.advance)
+    for name, count in outcome.cases.items():
+        print(f"{name}: {count} cases, {outcome.wrong[name]} wrong (seed {args.seed})")
+    if args.out:
+        write(outcome, args.out, args.seed, args.cases)
+    return 1 if any(outcome.wrong.values()) else 0
+
+
 def _add_quiet(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true",
                         help="no progress bar (none is drawn where stderr is no terminal)")
@@ -365,6 +385,20 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-plots", action="store_true", help="tables only")
     _add_quiet(bench)
     bench.set_defaults(run=_bench)
+
+    selftest = sub.add_parser("selftest", help="random cases of every family on the GPU "
+                              "against float64 (odd shapes, M from 1, edges)")
+    selftest.add_argument("--cases", type=int, default=1000,
+                          help="cases a family (default: %(default)s)")
+    selftest.add_argument("--seed", type=int, default=0, help="default: %(default)s")
+    selftest.add_argument("--family", help="only this family")
+    selftest.add_argument("--per-config", type=int, default=20,
+                          help="shapes a configuration (default: %(default)s)")
+    selftest.add_argument("--max-size", type=int, default=384,
+                          help="largest M, N and K drawn (default: %(default)s)")
+    selftest.add_argument("--out", type=Path, help="JSON of the counts and minimal failures")
+    _add_quiet(selftest)
+    selftest.set_defaults(run=_selftest)
 
     plot = sub.add_parser("plot", help="redraw the tables and plots of a recorded bench "
                           "output")

@@ -70,6 +70,7 @@ def pytest_sessionfinish(session, exitstatus):
         "cupy": cupy.__version__,
         "gpu_tests_passed": _gpu_outcomes["passed"],
         "kernel_cases_checked": GPU_CASES["kernel_cases"],
+        **{k: v for k, v in GPU_CASES.items() if k.startswith("fuzz_")},
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "source_hash": source_hash(),
     }

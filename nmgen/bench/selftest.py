@@ -1,0 +1,229 @@
+"""``nmgen selftest``: random cases of every registered family on the GPU against a float64
+reference, many at once.
+
+A case draws a problem the family serves (pattern, ``L``, A layout, dtype), a valid
+configuration of the family's space that fits the GPU, an odd shape (``M`` from 1, ``N`` and
+``K`` not multiples of the tiles) and, for row-major A, sometimes a leading dimension wider
+than ``K``; it poisons the output with NaN, runs the kernel on fresh random data and
+compares with ``A64 @ B64`` of the rounded inputs. Configurations are drawn first and
+compiled together in a process pool, then each serves several shapes, so that ten thousand
+cases take minutes. A failing case is shrunk (smaller ``M``, ``N``, ``K`` while it still
+fails) to a minimal one, kept as a regression that the GPU tests replay.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..build.nvrtc import cupy
+from ..build.pool import CompilePool
+from ..families.base import Config, Family
+from ..families.registry import all_families, config_from_name
+from ..format import DType, NMMatrix
+from ..gpus import spec_or_h100, table_name
+from ..problem import ALayout, Problem
+from ..runtime.check import device_array, random_weight, tolerance
+from ..runtime.device import device_info
+from ..runtime.launch import Kernel
+
+PATTERNS = ((2, 4), (1, 4), (2, 8), (4, 8), (4, 16), (8, 16), (16, 32), (12, 32), (8, 32),
+            (4, 32), (16, 64), (8, 64), (3, 7), (1, 1))
+VECS = (1, 4, 8, 16, 32, 64, 128)
+M_EDGES = (1, 2, 3, 17, 64, 255)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One case, enough to run it again: configuration, shape, row stride pad, seed."""
+
+    config: str
+    rows: int
+    cols: int
+    depth: int
+    lda_pad: int
+    seed: int
+
+
+@dataclass
+class Outcome:
+    """Cases run and wrong a family, and the minimal failing cases."""
+
+    cases: dict[str, int] = field(default_factory=dict)
+    wrong: dict[str, int] = field(default_factory=dict)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, family: str, error: str | None, case: Case) -> None:
+        self.cases[family] = self.cases.get(family, 0) + 1
+        self.wrong.setdefault(family, 0)
+        if error is not None:
+            self.wrong[family] += 1
+
+
+def draw_config(family: Family, rng: random.Random, arch: Any, gpu: Any) -> Config:
+    """A random configuration of ``family`` that fits this GPU."""
+    dtypes = sorted(family.dtypes, key=lambda d: d.value)
+    while True:
+        n, m = rng.choice(PATTERNS)
+        problem = Problem(n, m, rng.choice(VECS), rng.choice(list(ALayout)), arch,
+                          rng.choice(dtypes))
+        if family.serves(problem) is not None:
+            continue
+        try:
+            config = family.space.sample(problem, rng, max_tries=300)
+        except ValueError:  # nothing valid for this (pattern, L): draw again
+            continue
+        if family.feasible(config, gpu) is None:
+            return config
+
+
+def draw_shapes(rng: random.Random, count: int, max_size: int) -> Iterator[tuple[int, ...]]:
+    """(M, N, K, lda pad): M edges first, then random odd sizes."""
+    for i in range(count):
+        rows = M_EDGES[i] if i < len(M_EDGES) and i < count // 2 else rng.randint(1, max_size)
+        yield (rows, rng.randint(1, max_size), rng.randint(1, max_size),
+               rng.choice((0, 0, 0, 3, 64)))
+
+
+def run_case(kernel: Kernel, case: Case) -> float:
+    """The case's relative error against float64 (``inf`` for an output left unwritten or
+    not finite)."""
+    cp = cupy()
+    config = kernel.config
+    rng = np.random.default_rng(case.seed)
+    weight = random_weight(rng, config.n, config.m, config.vec, case.depth, case.cols,
+                           dtype=config.dtype)
+    a = _operand(rng, case, config.a_layout, config.dtype)
+    out = cp.full((case.rows, case.cols), np.nan, np.float32)
+    if config.dtype is not DType.F32:
+        out = device_array(out, config.dtype)
+    kernel(a, weight, out=out)
+    got = cp.asarray(out).astype(cp.float64)
+    ref = _float64(a) @ _dense64(weight)
+    err = float(cp.linalg.norm(got - ref)) / max(float(cp.linalg.norm(ref)), 1e-30)
+    return err if np.isfinite(err) else float("inf")
+
+
+def _operand(rng: np.random.Generator, case: Case, layout: ALayout, dtype: DType) -> Any:
+    """Logical M×K A in ``layout``; row-major with ``lda_pad`` more elements a row."""
+    cp = cupy()
+    if layout is ALayout.ROW_MAJOR:
+        full = cp.asarray(rng.standard_normal((case.rows, case.depth + case.lda_pad),
+                                              dtype=np.float32))
+        return device_array(full, dtype)[:, :case.depth]
+    return device_array(cp.asarray(rng.standard_normal((case.depth, case.rows),
+                                                       dtype=np.float32)), dtype).T
+
+
+def _float64(a: Any) -> Any:
+    cp = cupy()
+    if hasattr(a, "is_cuda"):
+        return cp.asarray(a.double())
+    return a.astype(cp.float64)
+
+
+def _dense64(b: NMMatrix) -> Any:
+    """``b`` as a dense float64 K×N array on the device."""
+    cp = cupy()
+    return cp.asarray(b.to_dense().astype(np.float64))
+
+
+def shrink(case: Case, fails: Callable[[Case], bool]) -> Case:
+    """A smaller case that still fails: each dimension halved while it does."""
+    smaller = True
+    while smaller:
+        smaller = False
+        for dim in ("rows", "cols", "depth"):
+            size = getattr(case, dim)
+            if size > 1:
+                trial = Case(**{**asdict(case), dim: max(1, size // 2)})
+                if fails(trial):
+                    case, smaller = trial, True
+    return case
+
+
+def selftest(cases: int, seed: int, per_config: int = 20, max_size: int = 384,
+             families: list[Family] | None = None, workers: int = 16,
+             log: Callable[[str], None] = print,
+             advance: Callable[[int], None] = lambda n: None) -> Outcome:
+    """``cases`` random cases of each family (``families``: default every registered one)."""
+    info = device_info()
+    gpu = spec_or_h100(table_name(info.name))
+    rng = random.Random(seed)
+    outcome = Outcome()
+    for family in families or all_families():
+        configs = {}
+        while len(configs) < -(-cases // per_config):
+            config = draw_config(family, rng, info.arch, gpu)
+            configs[config.name] = config
+        errors = dict(e.split(": ", 1) for e in _compile(list(configs.values()), workers))
+        log(f"{family.name}: {len(configs)} configurations compiled, {len(errors)} failed")
+        done = 0
+        for config in configs.values():
+            shapes = list(draw_shapes(rng, per_config, max_size))[:cases - done]
+            if not shapes:
+                break
+            kernel = Kernel(config)
+            for rows, cols, depth, pad in shapes:
+                case = Case(config.name, rows, cols, depth, pad, rng.randrange(1 << 31))
+                error = check_case(kernel, case, errors.get(config.name))
+                outcome.add(family.name, error, case)
+                if error is not None:
+                    minimal = shrink(case, lambda c, k=kernel: check_case(k, c) is not None)
+                    outcome.failures.append({**asdict(minimal), "family": family.name,
+                                             "error": error})
+                    log(f"WRONG {config.name} M={rows} N={cols} K={depth}: {error}; minimal "
+                        f"M={minimal.rows} N={minimal.cols} K={minimal.depth}")
+            done += len(shapes)
+            advance(len(shapes))
+            _drop_plans(kernel)
+    return outcome
+
+
+def check_case(kernel: Kernel, case: Case, compile_error: str | None = None) -> str | None:
+    """``None`` when the case is right, else what is wrong."""
+    if compile_error is not None:
+        return f"compile error: {compile_error}"
+    try:
+        err = run_case(kernel, case)
+    except Exception as exc:  # a launch that fails is a wrong case, not a crash
+        return f"{type(exc).__name__}: {exc}"
+    limit = tolerance(kernel.config.dtype)
+    return None if err < limit else f"relative error {err:.3g} (limit {limit:g})"
+
+
+def _compile(configs: list[Config], workers: int) -> list[str]:
+    with CompilePool(workers) as pool:
+        return pool.compile(configs)
+
+
+def _drop_plans(kernel: Kernel) -> None:
+    """Free the compiled functions of a configuration done with (thousands are drawn)."""
+    kernel._functions.clear()
+
+
+def replay(failures: list[dict[str, Any]]) -> list[str]:
+    """Run recorded minimal cases again; what is still wrong."""
+    wrong = []
+    for record in failures:
+        config = config_from_name(record["config"])
+        case = Case(**{k: record[k] for k in ("config", "rows", "cols", "depth", "lda_pad",
+                                               "seed")})
+        kernel = Kernel(config)
+        error = check_case(kernel, case)
+        if error is not None:
+            wrong.append(f"{config.name} M={case.rows} N={case.cols} K={case.depth}: {error}")
+    return wrong
+
+
+def write(outcome: Outcome, path: Path, seed: int, cases: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"seed": seed, "cases_asked": cases, "cases": outcome.cases,
+                                "wrong": outcome.wrong, "failures": outcome.failures},
+                               indent=1) + "\n")
