@@ -1,0 +1,35 @@
+"""``nmgen selftest``'s host side: what it draws and how it shrinks a failure (the GPU
+runs are tests/test_selftest_gpu.py)."""
+
+from __future__ import annotations
+
+import random
+
+from nmgen.bench.selftest import Case, draw_config, draw_shapes, shrink
+from nmgen.families.f32_simt import F32_SIMT
+from nmgen.gpus import Arch, gpu_spec
+
+
+def test_draws_valid_configurations_that_fit_the_gpu_and_cover_the_paths():
+    rng = random.Random(0)
+    configs = [draw_config(F32_SIMT, rng, Arch.SM90, gpu_spec("h100")) for _ in range(300)]
+    assert all(F32_SIMT.feasible(c, gpu_spec("h100")) is None for c in configs)
+    seen = {"split_k": any(c.split_k > 1 for c in configs),
+            "slice_k": any(c.slice_k > 1 for c in configs),
+            "stream_k": any(c.stream_k for c in configs), "tma": any(c.tma for c in configs),
+            "packing": any(c.packing for c in configs), "L=1": any(c.vec == 1 for c in configs)}
+    assert all(seen.values()), seen
+    assert {c.a_tile.value for c in configs} == {"tk", "tm", "tr", "tx"}
+
+
+def test_shapes_start_at_the_m_edges_and_stay_in_bounds():
+    shapes = list(draw_shapes(random.Random(1), 20, 100))
+    assert [s[0] for s in shapes[:6]] == [1, 2, 3, 17, 64, 255]
+    assert all(1 <= s[1] <= 100 and 1 <= s[2] <= 100 for s in shapes)
+
+
+def test_a_failure_shrinks_to_a_minimal_case():
+    case = Case("k", 300, 257, 129, 3, 7)
+    minimal = shrink(case, lambda c: c.cols > 40 and c.depth > 8)  # fails while both big
+    assert (minimal.rows, minimal.cols, minimal.depth) == (1, 64, 16)
+    assert (minimal.config, minimal.lda_pad, minimal.seed) == ("k", 3, 7)
