@@ -2,16 +2,18 @@
 
 The families that serve the problem (``families.registry.serving``) are asked in turn;
 for each, the lookup goes: the exact tuned shape → the nearest tuned shape of the same
-GPU, pattern, vector length, dtype and layout → the model's best configuration. The
-fastest exact record wins across families, else the nearest, else the model's fastest
-estimate. The user's database comes first, then the one shipped with nmgen. A fallback
-is counted and warned about once per (GPU, pattern, layout). Decisions and compiled
-kernels are cached in the process, so the steady-state cost of a call is a dictionary
-lookup and a launch.
+GPU, pattern, vector length, dtype and layout → the same in another CUDA runtime's
+records → the model's best configuration. Across families the record of the nearest shape
+wins (so a family tuned for small M serves small M, one tuned for large M large M), and
+where two families hold the same shape, the faster; the model's estimates come last. The
+user's database comes first, then the one shipped with nmgen. A fallback is counted and
+warned about once per problem. Decisions and compiled kernels are cached in the process,
+so the steady-state cost of a call is a dictionary lookup and a launch.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import warnings
 from collections import Counter
@@ -41,6 +43,14 @@ class Decision:
     config: Config
     source: str  # one of SOURCES
     time_ms: float | None = None  # measured (exact, nearest) or estimated (model)
+    distance: float = 0.0  # from the shape asked to the record's (inf: the model's)
+
+    def rank(self) -> tuple:
+        """Across families: the record of the nearest shape first (an exact one is at 0;
+        families tuned at other M do not mislead one another), then the source, then
+        the time (comparable where the shapes are the same), then the name."""
+        return (self.distance, SOURCES.index(self.source), self.time_ms or 0.0,
+                self.config.name)
 
 
 class Dispatcher:
@@ -86,8 +96,7 @@ class Dispatcher:
         if not found:
             raise ValueError(f"no kernel of the families serving {problem} fits it "
                              f"({', '.join(f.name for f in families)})")
-        return min(found, key=lambda d: (SOURCES.index(d.source), d.time_ms or 0.0,
-                                         d.config.name))
+        return min(found, key=Decision.rank)
 
     @property
     def device(self) -> DeviceInfo:
@@ -107,12 +116,13 @@ class Dispatcher:
                 if winners:
                     nearest = min(winners.values(), key=lambda w: (
                         shape_distance(w.shape, shape), w.config.name))
-                    return Decision(nearest.config, "nearest" + suffix, nearest.time_ms)
+                    return Decision(nearest.config, "nearest" + suffix, nearest.time_ms,
+                                    shape_distance(nearest.shape, shape))
         gpu = spec_or_h100(key.gpu)
         config = family.default_config(problem, gpu, shape)
         if config is None:
             return None
-        return Decision(config, "model", family.estimate_ms(config, gpu, shape))
+        return Decision(config, "model", family.estimate_ms(config, gpu, shape), math.inf)
 
     def kernel(self, config: Config) -> Kernel:
         kernel = self._kernels.get(config.name)
