@@ -135,3 +135,21 @@ def test_enumeration_is_kept_on_disk_and_rebuilt_when_unreadable(tmp_path, monke
     other = cache_file("space", ("f32", Problem(2, 4, 16, a_layout=ALayout.K_MAJOR), SPACE),
                        F32_SIMT.source_files())
     assert other != path
+
+
+@pytest.mark.parametrize("family", __import__("nmgen").families.registry.all_families(),
+                         ids=lambda f: f.name)
+def test_every_family_declares_its_space_once(family):
+    """For every registered family: a study's parameters are the declared ones, every
+    enumerated configuration is reachable from them, and values round-trip."""
+    dtype = sorted(family.dtypes, key=lambda d: d.value)[-1]
+    problem = Problem(4, 16, 16, dtype=dtype)
+    task = TuneTask(gpu_spec("h100"), family, problem, 64, 256, 512)
+    choices = task.space.choices(problem)
+    assert tuple(choices) == family.space.names
+    configs = list(family.space.enumerate(problem))
+    assert configs
+    for config in configs[::max(1, len(configs) // 50)]:
+        values = family.space.values_of(config)
+        assert all(values[name] in choices[name] for name in choices)
+        assert suggest_config(optuna.trial.FixedTrial(values), task) == config

@@ -104,7 +104,7 @@ def run_case(kernel: Kernel, case: Case) -> float:
     if config.dtype is not DType.F32:
         out = device_array(out, config.dtype)
     kernel(a, weight, out=out)
-    got = cp.asarray(out).astype(cp.float64)
+    got = _float64(out)
     ref = _float64(a) @ _dense64(weight)
     err = float(cp.linalg.norm(got - ref)) / max(float(cp.linalg.norm(ref)), 1e-30)
     return err if np.isfinite(err) else float("inf")

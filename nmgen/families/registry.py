@@ -14,6 +14,7 @@ from typing import Any
 from ..problem import Problem
 from .base import Config, Family
 from .f32_simt import F32_SIMT
+from .gemv import GEMV
 from .space import ConfigError
 
 ENTRY_POINT_GROUP = "nmgen.families"
@@ -98,4 +99,5 @@ def _load_plugins() -> None:
 
 
 register(F32_SIMT)
+register(GEMV)
 _load_plugins()

@@ -59,7 +59,10 @@ def poisoned_error(launch: Callable[[], object], out: Any, ref: Any,
     """Relative error of what ``launch`` writes into ``out`` (NaN-poisoned first, so an
     element it skips shows) against the float64 ``ref``; ``inf`` for a non-finite one."""
     cp = cupy()
-    out.fill(float("nan"))
+    if hasattr(out, "fill_"):  # torch
+        out.fill_(float("nan"))
+    else:
+        out.fill(float("nan"))
     launch()
     if ref_norm is None:
         ref_norm = max(float(cp.linalg.norm(ref)), 1e-30)
@@ -75,8 +78,8 @@ def _float64(x: Any) -> Any:
 
 
 def device_array(x: Any, dtype: DType) -> Any:
-    """A float32 CuPy array in ``dtype``: CuPy for fp32 and fp16, a torch tensor for bf16
-    (CuPy has none)."""
+    """``x``, a float32 CuPy array, in ``dtype``: CuPy for fp32 and fp16, a torch tensor for
+    bf16 (CuPy has none)."""
     if dtype is DType.F32:
         return x
     if dtype is DType.F16:

@@ -1,0 +1,133 @@
+"""``GemvConfig``: one instance of the decode template (small M, memory-bound), validated,
+named after every parameter and serialisable. Its rules are the family's resource rules."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, ClassVar
+
+from ...format import MAX_M, DType
+from ...gpus import Arch
+from ...problem import ALayout
+from ..space import ConfigError
+
+FAMILY = "gemv"
+MAX_THREADS = 1024
+STATIC_SMEM = 48 * 1024  # the A chunk is static shared memory: no opt-in
+MAX_ACCUMULATORS = 128  # ROWS x COLS FP32 sums a thread
+LOAD_BYTES = (2, 4, 8, 16)  # what one load of COLS elements may be
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    n: int
+    m: int
+    vec: int  # L
+    rows: int  # rows of A a block holds
+    threads: int
+    cols: int  # consecutive columns a thread streams (one load)
+    kc: int  # dense rows of K a chunk of A in shared memory
+    unroll: int  # compressed rows whose loads a thread issues together
+    split_k: int = 1  # blocks along K; their partial sums are added in a fixed order
+    a_layout: ALayout = ALayout.ROW_MAJOR
+    arch: Arch = Arch.SM90
+    dtype: DType = DType.F32
+    family: ClassVar[str] = FAMILY
+
+    def __post_init__(self) -> None:
+        for name, enum in (("a_layout", ALayout), ("arch", Arch), ("dtype", DType)):
+            value = getattr(self, name)
+            if not isinstance(value, enum):
+                try:
+                    object.__setattr__(self, name, enum(value))
+                except ValueError:
+                    allowed = ", ".join(e.value for e in enum)
+                    raise ConfigError(f"{name}={value!r}: expected one of {allowed}") from None
+        for rule, ok in self._rules():
+            if not ok:
+                raise ConfigError(f"{self.name}: violates rule '{rule}'")
+
+    @property
+    def wc(self) -> int:
+        """Compressed rows a chunk."""
+        return self.kc // self.m * self.n
+
+    @property
+    def smem_bytes(self) -> int:
+        return 4 * self.rows * self.kc
+
+    @property
+    def load_bytes(self) -> int:
+        return self.cols * self.dtype.itemsize
+
+    @property
+    def columns(self) -> int:
+        """Columns of C a block holds."""
+        return self.threads * self.cols
+
+    def _rules(self) -> Iterator[tuple[str, bool]]:
+        yield ("all sizes >= 1", min(self.n, self.m, self.vec, self.rows, self.threads,
+                                     self.cols, self.kc, self.unroll, self.split_k) >= 1)
+        yield ("1 <= n <= m", self.n <= self.m)
+        yield (f"m <= {MAX_M}", self.m <= MAX_M)
+        yield ("KC % m == 0", self.kc % self.m == 0)
+        yield ("COLS % L == 0 or L % COLS == 0 (a thread's columns share whole indices)",
+               self.cols % self.vec == 0 or self.vec % self.cols == 0)
+        yield (f"COLS * itemsize in {LOAD_BYTES} bytes (one load)",
+               self.load_bytes in LOAD_BYTES)
+        yield (f"threads a multiple of 32, at most {MAX_THREADS}",
+               self.threads % 32 == 0 and self.threads <= MAX_THREADS)
+        yield (f"ROWS * COLS <= {MAX_ACCUMULATORS} accumulators",
+               self.rows * self.cols <= MAX_ACCUMULATORS)
+        yield ("compressed rows a chunk (KC / m * n) % unroll == 0", self.wc % self.unroll == 0)
+        yield (f"shared memory 4 * ROWS * KC = {self.smem_bytes} B <= {STATIC_SMEM} B",
+               self.smem_bytes <= STATIC_SMEM)
+
+    @property
+    def name(self) -> str:
+        """e.g. ``nm_gemv_bf16_n8m32l128_r4_t128_c8_kc256_u4_k2_rm_sm90``."""
+        return (f"nm_gemv_{self.dtype.value}_n{self.n}m{self.m}l{self.vec}_r{self.rows}"
+                f"_t{self.threads}_c{self.cols}_kc{self.kc}_u{self.unroll}_k{self.split_k}"
+                f"_{self.a_layout.value}_{self.arch.value.replace('_', '')}")
+
+    @classmethod
+    def from_name(cls, name: str) -> GemvConfig:
+        match = _NAME_RE.match(name)
+        if not match:
+            raise ConfigError(f"{name!r} is not a {FAMILY} kernel name (e.g. {_EXAMPLE})")
+        g = match.groupdict()
+        return cls(**{k: int(v) for k, v in g.items() if k not in ("dtype", "layout", "arch")},
+                   a_layout=ALayout(g["layout"]), arch=Arch(f"sm_{g['arch']}"),
+                   dtype=DType(g["dtype"]))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(a_layout=self.a_layout.value, arch=self.arch.value, dtype=self.dtype.value,
+                 family=FAMILY)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GemvConfig:
+        d = dict(d)
+        if d.pop("family", FAMILY) != FAMILY:
+            raise ConfigError(f"not a {FAMILY} configuration: {d}")
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ConfigError(f"unknown configuration keys: {sorted(unknown)}")
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    def replace(self, **changes: Any) -> GemvConfig:
+        return replace(self, **changes)
+
+
+_NAME_RE = re.compile(
+    r"^nm_gemv_(?P<dtype>f32|bf16|f16)_n(?P<n>\d+)m(?P<m>\d+)l(?P<vec>\d+)_r(?P<rows>\d+)"
+    r"_t(?P<threads>\d+)_c(?P<cols>\d+)_kc(?P<kc>\d+)_u(?P<unroll>\d+)_k(?P<split_k>\d+)"
+    r"_(?P<layout>rm|km)_sm(?P<arch>\d+)$")
+_EXAMPLE = "nm_gemv_bf16_n8m32l128_r4_t128_c8_kc256_u4_k2_rm_sm90"
