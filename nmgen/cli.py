@@ -204,6 +204,20 @@ def _bench(args: argparse.Namespace) -> int:
     from .bench.results import summary_table
     from .bench.run import bench_to_dir
 
+    if args.decode:
+        from .bench.decode import decode_bench_to_dir
+        from .bench.decode import summary_table as decode_table
+
+        rows, paths = decode_bench_to_dir(
+            read_shapes(args.shapes), _patterns(args.pattern), args.vec,
+            DType.parse(args.dtype), args.db, args.out, args.repeat,
+            "nmgen " + " ".join(sys.argv[1:]), args.quiet)
+        print(decode_table(rows))
+        print("\n".join(str(p) for p in paths))
+        return 0
+    if DType.parse(args.dtype) is not DType.F32:
+        raise ValueError("the bench of large M is FP32 for now; --decode measures any dtype")
+
     rows, paths = bench_to_dir(read_shapes(args.shapes), _patterns(args.pattern), args.vec,
                                ALayout(args.layout), args.db, args.out, args.repeat,
                                not args.no_plots, "nmgen " + " ".join(sys.argv[1:]),
@@ -383,6 +397,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="timed runs (median; default: %(default)s)")
     bench.add_argument("--out", type=Path, default=Path("bench_out"), help="output directory")
     bench.add_argument("--no-plots", action="store_true", help="tables only")
+    bench.add_argument("--decode", action="store_true",
+                       help="small M as a model runs it: weights out of L2 between calls, "
+                       "bandwidth against a device copy, cuBLAS at --dtype and, for 2:4, "
+                       "PyTorch's semi-structured sparse path")
+    bench.add_argument("--dtype", default="f32", help="with --decode: f32, bf16 or f16 "
+                       "(default: %(default)s)")
     _add_quiet(bench)
     bench.set_defaults(run=_bench)
 

@@ -1,0 +1,228 @@
+"""``nmgen bench --decode``: small M (token-by-token generation) measured as a model runs
+it. A model's layers are far larger than L2 together, so each timed call reads a weight
+that is not in L2: the bench rotates through enough copies of each weight (nmgen's and the
+dense baseline's) that they span twice the L2. Reported beside the time: the compressed
+bytes (values and indices) over it, against the bandwidth of a device copy measured in the
+same process, and the dense GEMM of cuBLAS at the same dtype (through PyTorch: SGEMM with
+TF32 off for FP32) and, for 2:4 at 16 bits, PyTorch's semi-structured sparse path
+(cuSPARSELt), on the same rotated data.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..dispatch import Dispatcher
+from ..format import DType, NMMatrix, Pattern
+from ..problem import Problem
+from ..runtime.check import random_weight, tolerance
+from ..runtime.device import device_info
+from ..runtime.timing import time_ms
+from ..shapes import Shape
+from .report import geomean, markdown_table
+
+L2_SPAN = 2  # the rotated copies of a weight span this many L2s
+
+
+@dataclass(frozen=True)
+class DecodeRow:
+    pattern: str
+    vec: int
+    dtype: str
+    M: int
+    N: int
+    K: int
+    nmgen_ms: float
+    dense_ms: float  # cuBLAS at the same dtype
+    semi_ms: float | None  # PyTorch semi-structured 2:4 (cuSPARSELt), 2:4 at 16 bits
+    compressed_bytes: int  # values and uint8 indices
+    copy_gbs: float  # a device copy's bandwidth in this process
+    rel_error: float
+    source: str
+    config: str
+
+    @property
+    def speedup(self) -> float:
+        return self.dense_ms / self.nmgen_ms
+
+    @property
+    def achieved_gbs(self) -> float:
+        return self.compressed_bytes / self.nmgen_ms / 1e6
+
+    @property
+    def floor_ms(self) -> float:
+        """The compressed bytes at the copy's bandwidth."""
+        return self.compressed_bytes / (self.copy_gbs * 1e6)
+
+
+def compressed_bytes(shape: Shape, pattern: Pattern, vec: int, dtype: DType) -> int:
+    _, cols, depth = shape
+    rows = -(-depth // pattern.m) * pattern.n
+    return rows * cols * dtype.itemsize + rows * -(-cols // vec)
+
+
+def copy_gbs() -> float:
+    """A 1 GiB device-to-device copy: bytes read and written over its time."""
+    import torch
+
+    src = torch.empty(2**28, dtype=torch.float32, device="cuda")
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda i: dst.copy_(src), repeat=10, queue_ahead_us=0)
+    return 2 * src.numel() * 4 / ms / 1e6
+
+
+def _copies(weight_bytes: int) -> int:
+    l2 = 50 * 2**20
+    return max(1, min(64, math.ceil(L2_SPAN * l2 / max(weight_bytes, 1))))
+
+
+def run_decode_bench(shapes: Sequence[Shape], patterns: Sequence[Pattern], vec: int,
+                     dtype: DType, dispatcher: Dispatcher, repeat: int = 30,
+                     on_row: Callable[[list[DecodeRow]], None] = lambda rows: None,
+                     log: Callable[[str], None] = print) -> list[DecodeRow]:
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False  # FP32 is SGEMM, as in the FP32 bench
+    bandwidth = copy_gbs()
+    log(f"device copy: {bandwidth:.0f} GB/s")
+    rows: list[DecodeRow] = []
+    rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+    torch_dtype = {DType.F32: torch.float32, DType.BF16: torch.bfloat16,
+                   DType.F16: torch.float16}[dtype]
+    for pattern in patterns:
+        for shape in shapes:
+            row = _one(dispatcher, shape, pattern, vec, dtype, torch_dtype, bandwidth, rng,
+                       repeat)
+            rows.append(row)
+            on_row(rows)
+            log(f"[{len(rows)}/{len(shapes) * len(patterns)}] {pattern} {shape}: "
+                f"{row.nmgen_ms * 1e3:.1f} us ({row.achieved_gbs:.0f} GB/s), dense "
+                f"{row.dense_ms * 1e3:.1f} us, {row.speedup:.2f}x ({row.source})")
+    return rows
+
+
+def _one(dispatcher: Dispatcher, shape: Shape, pattern: Pattern, vec: int, dtype: DType,
+         torch_dtype: Any, bandwidth: float, rng: np.random.Generator, repeat: int
+         ) -> DecodeRow:
+    import torch
+
+    m_rows, cols, depth = shape
+    size = compressed_bytes(shape, pattern, vec, dtype)
+    weights = [random_weight(rng, pattern.n, pattern.m, vec, depth, cols, device_values=True,
+                             dtype=dtype) for _ in range(_copies(size))]
+    a = torch.randn(m_rows, depth, device="cuda").to(torch_dtype)
+    out = torch.empty(m_rows, cols, device="cuda", dtype=torch_dtype)
+    error = _error(dispatcher, a, weights[0], out)
+    nmgen_ms = time_ms(lambda i: dispatcher(a, weights[i % len(weights)], out=out),
+                       repeat=repeat)
+    problem = Problem(pattern.n, pattern.m, vec, arch=device_info().arch, dtype=dtype)
+    decision = dispatcher.decide(problem, shape)
+    dense = [torch.randn(depth, cols, device="cuda").to(torch_dtype)
+             for _ in range(_copies(depth * cols * dtype.itemsize))]
+    dense_ms = time_ms(lambda i: torch.matmul(a, dense[i % len(dense)], out=out),
+                       repeat=repeat)
+    semi_ms = _semi_structured_ms(weights, a, pattern, dtype, repeat)
+    return DecodeRow(str(pattern), vec, dtype.value, m_rows, cols, depth, nmgen_ms, dense_ms,
+                     semi_ms, size, bandwidth, error, decision.source, decision.config.name)
+
+
+def _error(dispatcher: Dispatcher, a: Any, weight: NMMatrix, out: Any) -> float:
+    import torch
+
+    out.fill_(float("nan"))
+    dispatcher(a, weight, out=out)
+    ref = a.double() @ torch.as_tensor(weight.to_dense().astype(np.float64), device="cuda")
+    err = float(torch.linalg.norm(out.double() - ref) / max(float(torch.linalg.norm(ref)),
+                                                            1e-30))
+    if not err < tolerance(weight.dtype):
+        raise RuntimeError(f"nmgen is wrong on {tuple(a.shape)} x {weight.shape}: relative "
+                           f"error {err:.3g}")
+    return err
+
+
+def _semi_structured_ms(weights: list[NMMatrix], a: Any, pattern: Pattern, dtype: DType,
+                        repeat: int) -> float | None:
+    """PyTorch's 2:4 semi-structured sparse linear on the same weights (cuSPARSELt):
+    2:4 with vector length 1 along K only, at 16 bits; ``None`` where it does not run."""
+    if (pattern.n, pattern.m) != (2, 4) or dtype is DType.F32:
+        return None
+    import torch
+    from torch.sparse import to_sparse_semi_structured
+
+    try:
+        sparse = [to_sparse_semi_structured(torch.as_tensor(
+            w.to_dense().T.astype(np.float32), device="cuda").to(a.dtype).contiguous())
+            for w in weights]
+        rows = a.shape[0]
+        padded = torch.zeros((max(rows, 32), a.shape[1]), device="cuda", dtype=a.dtype)
+        padded[:rows] = a  # cuSPARSELt wants at least 32 rows of the dense operand
+
+        def call(i: int) -> Any:
+            return torch.nn.functional.linear(padded, sparse[i % len(sparse)])
+
+        return time_ms(call, repeat=repeat)
+    except (RuntimeError, ValueError, TypeError):
+        return None
+
+
+def write_csv(rows: Sequence[DecodeRow], path: Path) -> None:
+    names = [f.name for f in fields(DecodeRow)]
+    with path.open("w", newline="") as f:
+        out = csv.DictWriter(f, fieldnames=[*names, "speedup", "achieved_gbs", "floor_ms"])
+        out.writeheader()
+        for row in rows:
+            out.writerow({**asdict(row), "speedup": f"{row.speedup:.4f}",
+                          "achieved_gbs": f"{row.achieved_gbs:.1f}",
+                          "floor_ms": f"{row.floor_ms:.5f}"})
+
+
+def summary_table(rows: Sequence[DecodeRow]) -> str:
+    """By pattern and M: geomean speedup over dense, share of the copy bandwidth reached,
+    and over semi-structured 2:4 where it ran."""
+    cells = []
+    for key in dict.fromkeys((r.pattern, r.vec, r.dtype, r.M) for r in rows):
+        sel = [r for r in rows if (r.pattern, r.vec, r.dtype, r.M) == key]
+        semi = [r.semi_ms / r.nmgen_ms for r in sel if r.semi_ms]
+        cells.append([*key, len(sel), f"{geomean([r.speedup for r in sel]):.2f}x",
+                      f"{geomean([r.nmgen_ms / r.floor_ms for r in sel]):.2f}",
+                      f"{geomean([r.achieved_gbs / r.copy_gbs for r in sel]):.0%}",
+                      f"{geomean(semi):.2f}x" if semi else "-"])
+    return markdown_table(["pattern", "L", "dtype", "M", "shapes", "over dense (geomean)",
+                           "time / floor", "of copy bandwidth", "over semi-structured"], cells)
+
+
+def decode_bench_to_dir(shapes: Sequence[Shape], patterns: Sequence[Pattern], vec: int,
+                        dtype: DType, db_url: str | None, out: Path, repeat: int,
+                        command: str, quiet: bool = False) -> tuple[list[DecodeRow], list[Path]]:
+    """``nmgen bench --decode``: the run, ``bench.csv`` and ``bench.md`` in ``out``."""
+    import json
+    import time
+
+    from ..progress import Progress
+    from ..store.database import shipped_db
+
+    shipped = [f"sqlite:///{shipped_db()}"] if shipped_db().exists() else []
+    dispatcher = Dispatcher([db_url, *shipped] if db_url else None)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with Progress(len(shapes) * len(patterns), "problems", quiet) as bar:
+        rows = run_decode_bench(shapes, patterns, vec, dtype, dispatcher, repeat,
+                                on_row=lambda r: (write_csv(r, out / "bench.csv"),
+                                                  bar.advance()),
+                                log=lambda s: print(s, flush=True))
+    table = summary_table(rows)
+    (out / "bench.md").write_text(f"## Decode: {dtype.value}, L = {vec}\n\n{table}")
+    info = device_info()
+    (out / "bench.json").write_text(json.dumps({
+        "device": info.name, "cuda_runtime": info.cuda_version, "command": command,
+        "seconds": round(time.monotonic() - start, 1),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, indent=2) + "\n")
+    return rows, [out / "bench.csv", out / "bench.md", out / "bench.json"]
