@@ -35,16 +35,21 @@ def random_weight(rng: np.random.Generator, n: int, m: int, vec: int, depth: int
                   cols: int, device_values: bool = False, dtype: DType = DType.F32
                   ) -> NMMatrix:
     """A random N:M weight built in compressed form (pruning a large dense matrix on the
-    host costs seconds per tuned shape); ``device_values`` draws the values on the GPU
-    (drawing the 100 Llama shapes' values on the host takes minutes)."""
+    host costs seconds per tuned shape): every (window, group) keeps n random rows, rows of
+    the K padding only where its window has fewer than n real ones. ``device_values``
+    draws the values on the GPU (the 100 Llama shapes' values take minutes on the host)."""
     windows, groups = -(-depth // m), -(-cols // vec)
-    keep = np.sort(np.argsort(rng.random((windows, groups, m)), axis=-1)[..., :n], axis=-1)
+    keys = rng.random((windows, groups, m))
+    keys[-1, :, depth - (windows - 1) * m:] = 2.0  # the last window's padding: kept last
+    keep = np.sort(np.argsort(keys, axis=-1)[..., :n], axis=-1)
     indices = keep.transpose(0, 2, 1).reshape(windows * n, groups)
     if device_values:
         values = _device_rng(rng).standard_normal((windows * n, cols),
                                                   dtype=np.float32).get()
     else:
         values = rng.standard_normal((windows * n, cols), dtype=np.float32)
+    padding = (np.arange(windows * n) // n * m)[:, None] + indices >= depth  # W x G
+    values[padding[:, np.arange(cols) // vec]] = 0.0  # what the padding holds: zeros
     return NMMatrix.from_compressed(values, indices, (n, m), vec, (depth, cols), dtype=dtype)
 
 

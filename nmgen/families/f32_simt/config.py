@@ -334,6 +334,7 @@ class KernelConfig:
         yield ("1 <= n <= m", self.n <= self.m)
         yield (f"m <= {MAX_M}", self.m <= MAX_M)
         yield ("KS % m == 0", self.ks % self.m == 0)
+        yield ("KS >= 4 (16-byte chunks of A)", self.ks >= 4)
         yield ("NS % L == 0 or L % NS == 0", self.ns % self.vec == 0 or self.vec % self.ns == 0)
         yield ("NT % L == 0 or L % NT == 0", self.nt % self.vec == 0 or self.vec % self.nt == 0)
         yield ("MT % 4 == 0 and NT % 4 == 0 (float4 fragments)", self.mt % 4 == 0

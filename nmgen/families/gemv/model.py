@@ -21,6 +21,9 @@ BANDWIDTH_SHARE = 0.9  # of the datasheet DRAM bandwidth a streaming kernel draw
 # Bytes in flight an SM needs to draw its share of DRAM bandwidth (latency x bandwidth / SMs)
 IN_FLIGHT_PER_SM = 32 * 1024
 COMPUTE_SHARE = 0.5  # of FP32 peak the FMAs reach (a shared-memory read each)
+# The share of the compute that the memory stream does not hide (issue slots the loads
+# need too); it also keeps a block from holding rows of A the problem does not have.
+COMPUTE_EXPOSED = 0.25
 CHUNK_CYCLES = 400  # a chunk's two barriers and the A tile's copy
 CLOCK_GHZ = 1.9
 MAX_THREADS_PER_SM = 2048
@@ -75,7 +78,9 @@ def _predict(configs: Sequence[GemvConfig], gpu: GpuSpec, rows: int, cols: int, 
     reduce_ms = np.where(c["split_k"] > 1, (rows * cols * (4 * c["split_k"] + item))
                          / (gpu.dram_gbs * 1e9 * BANDWIDTH_SHARE) * 1e3 + LAUNCH_US / 1e3,
                          0.0)
-    return np.maximum(memory_ms, compute_ms) + chunk_ms + LAUNCH_US / 1e3 + reduce_ms
+    return (np.maximum(memory_ms, compute_ms) + COMPUTE_EXPOSED * np.minimum(memory_ms,
+                                                                              compute_ms)
+            + chunk_ms + LAUNCH_US / 1e3 + reduce_ms)
 
 
 @functools.lru_cache(maxsize=256)
