@@ -63,7 +63,7 @@ def older_tree(tmp_path_factory) -> Path:
 
 def test_old_generator_renders_in_its_own_tree(older_tree):
     generators, sources = render_hashes(older_tree, [UNSPLIT.to_dict(), SPLIT.to_dict()])
-    assert set(generators) == {"f32"} and generators["f32"] != template_hash()
+    assert "f32" in generators and generators["f32"] != template_hash()
     assert sources[UNSPLIT.name] == nmgen.render(UNSPLIT).sha256
     assert sources[SPLIT.name] != nmgen.render(SPLIT).sha256
 

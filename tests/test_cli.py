@@ -60,8 +60,8 @@ def test_tune_dry_run_show_and_export_from_db(tmp_path):
     shapes.write_text("# two small shapes\n64 256 512\n17 300 200\n")
     dry = f"sqlite:///{tmp_path / 'dry.db'}"
     result = nmgen_cli("tune", "--gpu", "h100", "--shapes", str(shapes), "--pattern", "2:4",
-                       "--vec", "16", "--dry-run", "--trials", "3", "--compile-top", "2",
-                       "--db", dry)
+                       "--vec", "16", "--family", "f32", "--dry-run", "--trials", "3",
+                       "--compile-top", "2", "--db", dry)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("nm_spmm_f32_n2m4l16") == 4  # 2 compiled a problem
     assert "[2/2] model-nmgen_h100_f32_f32_2:4_l16_rm_17x300x200" in result.stdout
