@@ -302,6 +302,11 @@ class NMMatrix:
     def padded_cols(self) -> int:
         return self._values.shape[1]
 
+    def copy(self) -> NMMatrix:
+        """The same matrix (its host arrays shared, read-only) with device layouts of its
+        own: what a benchmark rotates through to keep a weight out of L2."""
+        return NMMatrix(self._values, self._indices, self.pattern, self.vec, self.shape)
+
     def kept_rows(self) -> np.ndarray:
         """``W×G`` int64: the dense row (``k``) of every compressed row in every group."""
         window = np.arange(self._values.shape[0]) // self.pattern.n

@@ -22,7 +22,7 @@ SEED = int.from_bytes(os.urandom(4), "little")  # fresh every run; in the failur
 def test_random_cases_of_every_family(gpu_cases):
     from nmgen.bench.selftest import selftest
 
-    outcome = selftest(CASES, SEED, log=print)
+    outcome = selftest(CASES, SEED, per_config=40, log=print)
     for family, count in outcome.cases.items():
         gpu_cases[f"fuzz_cases_{family}"] = count
         gpu_cases[f"fuzz_wrong_{family}"] = outcome.wrong[family]

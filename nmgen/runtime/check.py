@@ -96,7 +96,9 @@ def device_array(x: Any, dtype: DType) -> Any:
 
 class ProblemBench:
     """One problem (pattern, L, layout, dtype, M, N, K) with fresh random data on the
-    device."""
+    device. Where the weight is small beside the L2 (decode shapes), timed calls rotate
+    through copies of its device layout that span twice the L2, as a model's layers do:
+    a weight read from L2 would time a kernel on bandwidth no model gives it."""
 
     def __init__(self, problem: Problem, rows: int, cols: int, depth: int,
                  seed: int | None = None):
@@ -112,6 +114,9 @@ class ProblemBench:
         copies = max(1, min(8, -(-2 * L2_BYTES // max(working_set, 1))))
         device_rng = _device_rng(rng)
         self.a_buffers = [self._make_a(device_rng, problem.a_layout) for _ in range(copies)]
+        # the same values, laid out on the device once a copy (each has its own layouts)
+        weight_copies = max(1, min(16, -(-2 * L2_BYTES // max(self.weight.values.nbytes, 1))))
+        self.weights = [self.weight, *(self.weight.copy() for _ in range(weight_copies - 1))]
         first = self.a_buffers[0]
         self.out = empty_like_caller(first, operand(first, "a"), (rows, cols), dtype)
         self._ref: Any = None
@@ -134,9 +139,12 @@ class ProblemBench:
                               self.out, self._ref, self._ref_norm)
 
     def launcher(self, kernel: Kernel) -> Callable[[int], object]:
-        """``fn(i)``: one launch of ``kernel`` on the ``i``-th A buffer (rotating)."""
-        buffers = self.a_buffers
-        return lambda i: kernel(buffers[i % len(buffers)], self.weight, out=self.out)
+        """``fn(i)``: one launch of ``kernel`` on the ``i``-th A buffer and weight copy
+        (rotating); every weight copy is laid out on the device here, before any timing."""
+        buffers, weights, out = self.a_buffers, self.weights, self.out
+        for weight in weights:
+            kernel(buffers[0], weight, out=out)
+        return lambda i: kernel(buffers[i % len(buffers)], weights[i % len(weights)], out=out)
 
     def time_ms(self, kernel: Kernel, warmup: int = 3, repeat: int = 15,
                 budget_ms: float = math.inf) -> float:
