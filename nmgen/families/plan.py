@@ -76,12 +76,15 @@ class Launch:
 @dataclass(frozen=True)
 class Workspace:
     """Device memory a call needs beside its operands: ``count`` elements of ``dtype``,
-    zero-filled first where ``zeroed``."""
+    zero-filled first where ``zeroed``. ``persistent``: made (zeroed) once for the launch
+    and a stream and kept from call to call; the kernels leave it as they found it (e.g.
+    counters a kernel resets after use), so no call pays for zeroing it."""
 
     name: str
     count: int
     dtype: np.dtype = np.dtype(np.float32)
     zeroed: bool = False
+    persistent: bool = False
 
 
 @dataclass(frozen=True)

@@ -226,6 +226,9 @@ class BoundPlan:
         # Workspaces of launches captured into CUDA graphs (``_workspace``): a replay
         # writes them, so they never go back to a pool.
         self.kept: list[Any] = []
+        # Persistent workspaces (``Workspace.persistent``), one a (name, stream): made and
+        # zeroed at a stream's first call, then the kernels keep them zeroed.
+        self.persistent: dict[tuple[str, int], tuple[Any, int]] = {}
         self.lock = threading.Lock()  # the argument blocks are shared by the threads
 
     def run(self, ptrs: dict[str, int], stream_ptr: int, first: int = 0,
@@ -345,7 +348,7 @@ class Kernel:
             self._run_pipelined(bound, a_op, lda, b, c_op.ptr, handle)
         else:
             with handle if handle is not None else cupy().cuda.get_current_stream():
-                spaces = _workspaces([bound], bound, a_op, capturing(stream_ptr))
+                spaces = _workspaces([bound], bound, a_op, capturing(stream_ptr), stream_ptr)
                 bound.run({data.A: a_op.ptr, data.C: c_op.ptr, **_addresses(spaces)}, stream_ptr)
         return out
 
@@ -370,7 +373,7 @@ class Kernel:
         c_step = b.shape[1] * self.config.dtype.itemsize
         in_capture = capturing(caller.ptr)
         with caller:  # two sets of workspaces: held until every launch is queued
-            spaces = [_workspaces(list(plans.values()), whole, a_op, in_capture)
+            spaces = [_workspaces(list(plans.values()), whole, a_op, in_capture, caller.ptr)
                       for _ in range(2)]
         first_done, first = None, 0
         for j, rows in enumerate(chunks):
@@ -436,19 +439,30 @@ class Kernel:
         return out, c
 
 
-def _workspaces(plans: list[BoundPlan], keeper: BoundPlan, a_op: Operand, in_capture: bool
-                ) -> dict[str, tuple[Any, int]]:
+def _workspaces(plans: list[BoundPlan], keeper: BoundPlan, a_op: Operand, in_capture: bool,
+                stream_ptr: int) -> dict[str, tuple[Any, int]]:
     """The workspaces ``plans`` need, each as large as the largest of them asks: (array,
-    address) by name, zero-filled where asked, on the current stream. The caller holds
-    the arrays until its launches are queued."""
+    address) by name, zero-filled where asked, on the current stream; a persistent one is
+    ``keeper``'s for this stream, made at its first call. The caller holds the arrays until
+    its launches are queued."""
     specs: dict[str, Any] = {}
     for bound in plans:
         for space in bound.plan.workspaces:
             held = specs.get(space.name)
             if held is None or held.count < space.count:
                 specs[space.name] = space
-    return {name: _workspace(keeper, a_op, in_capture, s.count, s.dtype, s.zeroed)
-            for name, s in specs.items()}
+    spaces = {}
+    for name, s in specs.items():
+        if s.persistent:
+            key = (name, stream_ptr)
+            if key not in keeper.persistent:
+                array, ptr = _workspace(keeper, a_op, in_capture, s.count, s.dtype, True)
+                keeper.kept.append(array)  # held with the plan, never back to a pool
+                keeper.persistent[key] = (array, ptr)
+            spaces[name] = keeper.persistent[key]
+        else:
+            spaces[name] = _workspace(keeper, a_op, in_capture, s.count, s.dtype, s.zeroed)
+    return spaces
 
 
 def _addresses(spaces: dict[str, tuple[Any, int]]) -> dict[str, int]:

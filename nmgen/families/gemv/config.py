@@ -10,13 +10,12 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, ClassVar
 
 from ...format import MAX_M, DType
-from ...gpus import Arch
+from ...gpus import REGISTERS_PER_SM, Arch
 from ...problem import ALayout
 from ..space import ConfigError
 
 FAMILY = "gemv"
 MAX_THREADS = 1024
-STATIC_SMEM = 48 * 1024  # the A chunk is static shared memory: no opt-in
 MAX_ACCUMULATORS = 128  # ROWS x COLS FP32 sums a thread
 LOAD_BYTES = (2, 4, 8, 16)  # what one load of COLS elements may be
 
@@ -27,11 +26,11 @@ class GemvConfig:
     m: int
     vec: int  # L
     rows: int  # rows of A a block holds
-    threads: int
+    col_threads: int  # threads of a block along N
+    lanes: int  # threads of a block along K (each takes every lanes-th window)
     cols: int  # consecutive columns a thread streams (one load)
-    kc: int  # dense rows of K a chunk of A in shared memory
     unroll: int  # compressed rows whose loads a thread issues together
-    split_k: int = 1  # blocks along K; their partial sums are added in a fixed order
+    split_k: int = 1  # slices of K (blocks along K) the launch aims at; fixed-order sums
     a_layout: ALayout = ALayout.ROW_MAJOR
     arch: Arch = Arch.SM90
     dtype: DType = DType.F32
@@ -51,13 +50,21 @@ class GemvConfig:
                 raise ConfigError(f"{self.name}: violates rule '{rule}'")
 
     @property
-    def wc(self) -> int:
-        """Compressed rows a chunk."""
-        return self.kc // self.m * self.n
+    def threads(self) -> int:
+        return self.col_threads * self.lanes
 
     @property
-    def smem_bytes(self) -> int:
-        return 4 * self.rows * self.kc
+    def registers_estimate(self) -> int:
+        """Registers a thread: the sums, the loads in flight with their indices, and
+        addressing (ptxas used 32-168 on sampled configurations)."""
+        groups = max(1, self.cols // self.vec)
+        return self.rows * self.cols + self.unroll * (self.cols + groups) + 40
+
+    def smem_bytes(self, windows_per_slice: int) -> int:
+        """Shared memory of a block whose slice is ``windows_per_slice`` windows: its A
+        slice, then the lanes' sums."""
+        sums = self.rows * self.cols * self.col_threads if self.lanes > 1 else 0
+        return 4 * (self.rows * windows_per_slice * self.m + sums)
 
     @property
     def load_bytes(self) -> int:
@@ -66,32 +73,35 @@ class GemvConfig:
     @property
     def columns(self) -> int:
         """Columns of C a block holds."""
-        return self.threads * self.cols
+        return self.col_threads * self.cols
 
     def _rules(self) -> Iterator[tuple[str, bool]]:
-        yield ("all sizes >= 1", min(self.n, self.m, self.vec, self.rows, self.threads,
-                                     self.cols, self.kc, self.unroll, self.split_k) >= 1)
+        yield ("all sizes >= 1", min(self.n, self.m, self.vec, self.rows, self.col_threads,
+                                     self.lanes, self.cols, self.unroll, self.split_k) >= 1)
         yield ("1 <= n <= m", self.n <= self.m)
         yield (f"m <= {MAX_M}", self.m <= MAX_M)
-        yield ("KC % m == 0", self.kc % self.m == 0)
         yield ("COLS % L == 0 or L % COLS == 0 (a thread's columns share whole indices)",
                self.cols % self.vec == 0 or self.vec % self.cols == 0)
         yield (f"COLS * itemsize in {LOAD_BYTES} bytes (one load)",
                self.load_bytes in LOAD_BYTES)
-        yield (f"threads a multiple of 32, at most {MAX_THREADS}",
+        yield (f"threads (col_threads * lanes) a multiple of 32, at most {MAX_THREADS}",
                self.threads % 32 == 0 and self.threads <= MAX_THREADS)
         yield (f"ROWS * COLS <= {MAX_ACCUMULATORS} accumulators",
                self.rows * self.cols <= MAX_ACCUMULATORS)
-        yield ("compressed rows a chunk (KC / m * n) % unroll == 0", self.wc % self.unroll == 0)
-        yield (f"shared memory 4 * ROWS * KC = {self.smem_bytes} B <= {STATIC_SMEM} B",
-               self.smem_bytes <= STATIC_SMEM)
+        yield (f"threads * registers ({self.threads} * ~{self.registers_estimate}) <= "
+               f"{REGISTERS_PER_SM} (one block an SM, no spills)",
+               self.threads * self.registers_estimate <= REGISTERS_PER_SM)
+        yield (f"shared memory of a one-window slice {self.smem_bytes(1)} B <= "
+               f"{self.arch.max_smem_per_block} B",
+               self.smem_bytes(1) <= self.arch.max_smem_per_block)
 
     @property
     def name(self) -> str:
-        """e.g. ``nm_gemv_bf16_n8m32l128_r4_t128_c8_kc256_u4_k2_rm_sm90``."""
+        """e.g. ``nm_gemv_bf16_n8m32l128_r4_t64x4_c8_u4_k16_rm_sm90``: ROWS, COL_THREADS x
+        LANES, COLS, UNROLL and the slices of K aimed at."""
         return (f"nm_gemv_{self.dtype.value}_n{self.n}m{self.m}l{self.vec}_r{self.rows}"
-                f"_t{self.threads}_c{self.cols}_kc{self.kc}_u{self.unroll}_k{self.split_k}"
-                f"_{self.a_layout.value}_{self.arch.value.replace('_', '')}")
+                f"_t{self.col_threads}x{self.lanes}_c{self.cols}_u{self.unroll}"
+                f"_k{self.split_k}_{self.a_layout.value}_{self.arch.value.replace('_', '')}")
 
     @classmethod
     def from_name(cls, name: str) -> GemvConfig:
@@ -128,6 +138,6 @@ class GemvConfig:
 
 _NAME_RE = re.compile(
     r"^nm_gemv_(?P<dtype>f32|bf16|f16)_n(?P<n>\d+)m(?P<m>\d+)l(?P<vec>\d+)_r(?P<rows>\d+)"
-    r"_t(?P<threads>\d+)_c(?P<cols>\d+)_kc(?P<kc>\d+)_u(?P<unroll>\d+)_k(?P<split_k>\d+)"
-    r"_(?P<layout>rm|km)_sm(?P<arch>\d+)$")
-_EXAMPLE = "nm_gemv_bf16_n8m32l128_r4_t128_c8_kc256_u4_k2_rm_sm90"
+    r"_t(?P<col_threads>\d+)x(?P<lanes>\d+)_c(?P<cols>\d+)_u(?P<unroll>\d+)"
+    r"_k(?P<split_k>\d+)_(?P<layout>rm|km)_sm(?P<arch>\d+)$")
+_EXAMPLE = "nm_gemv_bf16_n8m32l128_r4_t64x4_c8_u4_k16_rm_sm90"

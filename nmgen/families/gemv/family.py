@@ -52,7 +52,7 @@ class Gemv(Family):
 
     def seed_shape(self, config: GemvConfig) -> tuple:
         """Seeds differ in more than their unroll."""
-        return (config.rows, config.threads, config.cols, config.kc, config.split_k)
+        return (config.rows, config.col_threads, config.lanes, config.cols, config.split_k)
 
     def refinements(self, config: GemvConfig) -> list[GemvConfig]:
         return []

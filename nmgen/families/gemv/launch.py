@@ -1,14 +1,27 @@
-"""The decode family's launch plan: the main kernel (a grid of column blocks x row blocks x
-K slices) and, with split-K, the reduction of the slices' FP32 partial sums."""
+"""The decode family's launch plan: one kernel, a grid of column blocks x row blocks x
+slices of K. The slices are the configuration's ``split_k``, or more where a slice of A
+would not fit in shared memory; with several, they write FP32 partial sums to a workspace
+and the last block of each tile adds them, counted by a persistent counter a tile."""
 
 from __future__ import annotations
+
+import numpy as np
 
 from ..base import PreparedWeight
 from ..plan import A, C, Call, Device, Launch, LaunchPlan, Pointer, Scalar, Workspace
 from .config import GemvConfig
 
-SPLIT_SUMS = "split_sums"
-REDUCE_THREADS = 256
+SPLIT_SUMS, TILE_COUNTERS = "split_sums", "tile_counters"
+
+
+def slicing(config: GemvConfig, depth: int) -> tuple[int, int]:
+    """(windows a slice, slices) of K for ``config``: ``split_k`` slices, or as many more
+    as keep a block's shared memory within the arch's limit."""
+    windows = -(-depth // config.m)
+    per_slice = -(-windows // config.split_k)
+    while per_slice > 1 and config.smem_bytes(per_slice) > config.arch.max_smem_per_block:
+        per_slice = -(-per_slice // 2)
+    return per_slice, -(-windows // per_slice)
 
 
 def plan(config: GemvConfig, weight: PreparedWeight, shape: tuple[int, int], call: Call,
@@ -16,19 +29,20 @@ def plan(config: GemvConfig, weight: PreparedWeight, shape: tuple[int, int], cal
     c = config
     depth, cols = shape
     values, indices = weight.arrays["values"], weight.arrays["indices"]
-    chunks = -(-depth // c.kc)
-    per_split = -(-chunks // c.split_k)
-    out = SPLIT_SUMS if c.split_k > 1 else C
-    grid = (-(-cols // c.columns), -(-call.rows // c.rows), c.split_k)
+    windows = -(-depth // c.m)
+    per_slice, slices = slicing(c, depth)
+    grid = (-(-cols // c.columns), -(-call.rows // c.rows), slices)
+    split = slices > 1  # else the sums' buffers are never read: C stands in for them
     i32 = lambda v: Scalar("i32", v)  # noqa: E731
     i64 = lambda v: Scalar("i64", v)  # noqa: E731
-    main = Launch(c.name, grid, c.threads, 0, (
-        Pointer(A), Pointer("values"), Pointer("indices"), Pointer(out), i32(call.rows),
-        i32(cols), i32(depth), i64(call.lda), i64(values.shape[1]), i64(indices.shape[1]),
-        i32(chunks), i32(per_split)))
-    if c.split_k == 1:
+    main = Launch(c.name, grid, c.threads, c.smem_bytes(per_slice), (
+        Pointer(A), Pointer("values"), Pointer("indices"), Pointer(C),
+        Pointer(SPLIT_SUMS if split else C), Pointer(TILE_COUNTERS if split else C),
+        i32(call.rows), i32(cols), i32(depth), i64(call.lda), i64(values.shape[1]),
+        i64(indices.shape[1]), i32(windows), i32(per_slice), i32(slices)))
+    if not split:
         return LaunchPlan((main,))
-    blocks = max(1, min(-(-call.rows * cols // REDUCE_THREADS), device.sms * 8))
-    reduce = Launch(c.name + "_reduce", (blocks, 1, 1), REDUCE_THREADS, 0, (
-        Pointer(SPLIT_SUMS), Pointer(C), i32(call.rows), i32(cols)))
-    return LaunchPlan((main, reduce), (Workspace(SPLIT_SUMS, c.split_k * call.rows * cols),))
+    return LaunchPlan((main,), (
+        Workspace(SPLIT_SUMS, slices * call.rows * cols),
+        Workspace(TILE_COUNTERS, grid[0] * grid[1], np.dtype(np.uint32), zeroed=True,
+                  persistent=True)))

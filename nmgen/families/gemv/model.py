@@ -1,8 +1,9 @@
-"""The decode family's model: the bytes it must move over the bandwidth it can draw, plus a
-launch and, with split-K, the reduction. At small M the weight's compressed values and
-indices are almost all of the traffic (DESIGN §9); the model charges the re-reads that
-several row blocks make (from L2 where the weight fits there), the loads a thread keeps in
-flight, and the compute that grows with the rows of A a block holds."""
+"""The decode family's model: the bytes it must move over the bandwidth it can draw, plus
+a launch and, with split-K, the partial sums' traffic and the last block's sum. At small M
+the weight's compressed values and indices are almost all of the traffic (DESIGN §9); the
+model charges the re-reads that several row blocks make (from L2 where the weight fits
+there), the loads a thread keeps in flight, and the compute that grows with the rows of A
+a block holds."""
 
 from __future__ import annotations
 
@@ -24,25 +25,23 @@ COMPUTE_SHARE = 0.5  # of FP32 peak the FMAs reach (a shared-memory read each)
 # The share of the compute that the memory stream does not hide (issue slots the loads
 # need too); it also keeps a block from holding rows of A the problem does not have.
 COMPUTE_EXPOSED = 0.25
-CHUNK_CYCLES = 400  # a chunk's two barriers and the A tile's copy
+SYNC_CYCLES = 300  # a barrier of the lanes' reduction, and the A slice's staging
 CLOCK_GHZ = 1.9
 MAX_THREADS_PER_SM = 2048
 MAX_BLOCKS_PER_SM = 32
 
 
-@functools.lru_cache(maxsize=1 << 15)
-def blocks_per_sm(config: GemvConfig, gpu: GpuSpec) -> int:
+def blocks_per_sm(config: GemvConfig, gpu: GpuSpec, smem: int) -> int:
     by_threads = MAX_THREADS_PER_SM // config.threads
-    by_smem = gpu.smem_per_sm // (config.smem_bytes + 1024)
-    registers = config.rows * config.cols + config.unroll * (config.cols + 2) + 32
-    by_regs = 65536 // (config.threads * max(registers, 32))
+    by_smem = gpu.smem_per_sm // (smem + 1024)
+    by_regs = 65536 // (config.threads * config.registers_estimate)
     return max(0, min(by_threads, by_smem, by_regs, MAX_BLOCKS_PER_SM))
 
 
 def feasible(config: GemvConfig, gpu: GpuSpec) -> str | None:
     if config.arch.number > gpu.arch.number:
         return f"{config.arch.value} code cannot run on {gpu.name} ({gpu.arch.value})"
-    if blocks_per_sm(config, gpu) < 1:
+    if blocks_per_sm(config, gpu, config.smem_bytes(1)) < 1:
         return "not one block fits an SM"
     return None
 
@@ -53,43 +52,54 @@ def estimate_ms(config: GemvConfig, gpu: GpuSpec, shape: Shape) -> float:
 
 def _predict(configs: Sequence[GemvConfig], gpu: GpuSpec, rows: int, cols: int, depth: int
              ) -> np.ndarray:
-    c = _columns(tuple(configs), gpu)
+    c = _columns(tuple(configs))
     item = c["itemsize"]
-    chunks = np.ceil(depth / c["kc"])
-    w_rows = chunks * c["kc"] / c["m"] * c["n"]
+    windows = np.ceil(depth / c["m"])
+    per_slice, slices = _slicing(configs, depth)
+    smem = 4 * (c["rows"] * per_slice * c["m"]
+                + np.where(c["lanes"] > 1, c["rows"] * c["cols"] * c["col_threads"], 0))
+    per_sm = np.array([max(1, blocks_per_sm(config, gpu, int(s)))
+                       for config, s in zip(configs, smem, strict=True)], dtype=np.float64)
+    w_rows = windows * c["n"]
     pad = np.maximum(c["vec"], c["cols"])
     n_padded = np.ceil(cols / pad) * pad
-    col_blocks = np.ceil(cols / (c["threads"] * c["cols"]))
+    col_blocks = np.ceil(cols / (c["col_threads"] * c["cols"]))
     row_blocks = np.ceil(rows / c["rows"])
-    blocks = col_blocks * row_blocks * c["split_k"]
+    blocks = col_blocks * row_blocks * slices
     weight = w_rows * n_padded * item + w_rows * n_padded / c["vec"]
     repeats = np.where(weight < gpu.l2_mb * 2**20 / 2, 0.0, row_blocks - 1)  # else from L2
-    dram = weight * (1 + repeats) + rows * depth * item + rows * cols * item
-    through_l2 = weight * row_blocks + rows * depth * item * col_blocks
-    resident = np.minimum(blocks, gpu.sms * c["per_sm"])
+    partials = np.where(slices > 1, 2 * 4 * slices * rows * cols, 0)
+    dram = weight * (1 + repeats) + rows * depth * item + rows * cols * item + partials
+    through_l2 = weight * row_blocks + rows * depth * item * col_blocks + partials
+    resident = np.minimum(blocks, gpu.sms * per_sm)
     in_flight = resident * c["threads"] * c["unroll"] * c["cols"] * item / gpu.sms
     share = BANDWIDTH_SHARE * np.minimum(1.0, in_flight / IN_FLIGHT_PER_SM)
     memory_ms = np.maximum(dram / (gpu.dram_gbs * 1e9 * share),
                            through_l2 / (gpu.l2_gbs * 1e9 * share)) * 1e3
     flops = 2.0 * row_blocks * c["rows"] * w_rows * n_padded
     compute_ms = flops / (gpu.peak_fp32_tflops * 1e12 * COMPUTE_SHARE) * 1e3
-    waves = np.ceil(blocks / (gpu.sms * c["per_sm"]))
-    chunk_ms = waves * np.ceil(chunks / c["split_k"]) * CHUNK_CYCLES / (CLOCK_GHZ * 1e6)
-    reduce_ms = np.where(c["split_k"] > 1, (rows * cols * (4 * c["split_k"] + item))
-                         / (gpu.dram_gbs * 1e9 * BANDWIDTH_SHARE) * 1e3 + LAUNCH_US / 1e3,
-                         0.0)
-    return (np.maximum(memory_ms, compute_ms) + COMPUTE_EXPOSED * np.minimum(memory_ms,
-                                                                              compute_ms)
-            + chunk_ms + LAUNCH_US / 1e3 + reduce_ms)
+    waves = np.ceil(blocks / (gpu.sms * per_sm))
+    sync_ms = waves * (1 + 2 * (c["lanes"] - 1)) * SYNC_CYCLES / (CLOCK_GHZ * 1e6)
+    # With several slices, each tile's last block adds them after the rest are done.
+    tail_ms = np.where(slices > 1, 2 * SYNC_CYCLES / (CLOCK_GHZ * 1e6), 0.0)
+    return (np.maximum(memory_ms, compute_ms)
+            + COMPUTE_EXPOSED * np.minimum(memory_ms, compute_ms)
+            + sync_ms + LAUNCH_US / 1e3 + tail_ms)
+
+
+def _slicing(configs: Sequence[GemvConfig], depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """(windows a slice, slices) of each configuration (the launch plan's rule)."""
+    from .launch import slicing
+
+    pairs = np.array([slicing(config, depth) for config in configs], dtype=np.float64)
+    return pairs[:, 0], pairs[:, 1]
 
 
 @functools.lru_cache(maxsize=256)
-def _columns(configs: tuple[GemvConfig, ...], gpu: GpuSpec) -> dict[str, np.ndarray]:
-    fields = ("n", "m", "vec", "rows", "threads", "cols", "kc", "unroll", "split_k")
+def _columns(configs: tuple[GemvConfig, ...]) -> dict[str, np.ndarray]:
+    fields = ("n", "m", "vec", "rows", "col_threads", "lanes", "threads", "cols", "unroll")
     table = {f: np.array([getattr(c, f) for c in configs], dtype=np.float64) for f in fields}
     table["itemsize"] = np.array([c.dtype.itemsize for c in configs], dtype=np.float64)
-    table["per_sm"] = np.array([max(1, blocks_per_sm(c, gpu)) for c in configs],
-                               dtype=np.float64)
     return table
 
 

@@ -1,6 +1,6 @@
-"""The decode kernel's layout of a weight: the compressed values and indices padded to
-whole chunks of K (zeros, and ascending indices 0..n-1 in the padding) and to a multiple
-of max(L, COLS) columns, so that every thread's load is whole and aligned."""
+"""The decode kernel's layout of a weight: the compressed values and indices padded to a
+multiple of max(L, COLS) columns (zeros, and indices 0..n-1), so that every thread's load
+is whole and aligned."""
 
 from __future__ import annotations
 
@@ -16,12 +16,11 @@ from .config import GemvConfig
 
 @dataclass(frozen=True)
 class LayoutKey:
-    kc: int
     column_pad: int
 
 
 def layout_key(config: GemvConfig) -> LayoutKey:
-    return LayoutKey(config.kc, max(config.vec, config.cols))
+    return LayoutKey(max(config.vec, config.cols))
 
 
 def prepare(b: NMMatrix, config: GemvConfig) -> PreparedWeight:
@@ -30,13 +29,12 @@ def prepare(b: NMMatrix, config: GemvConfig) -> PreparedWeight:
                          f"the weight is {b.pattern} L={b.vec}")
     start = time.perf_counter()
     key = layout_key(config)
-    chunks = -(-b.shape[0] // config.kc)
-    rows = chunks * config.wc
+    rows = b._values.shape[0]
     cols = -(-b.padded_cols // key.column_pad) * key.column_pad
     values = np.zeros((rows, cols), b._values.dtype)
-    values[:b._values.shape[0], :b.padded_cols] = b._values
+    values[:, :b.padded_cols] = b._values
     indices = np.broadcast_to((np.arange(rows) % b.n)[:, None].astype(np.uint8),
                               (rows, cols // b.vec)).copy()
-    indices[:b._indices.shape[0], :b._indices.shape[1]] = b._indices
+    indices[:, :b._indices.shape[1]] = b._indices
     return PreparedWeight(key, {"values": values, "indices": indices},
                           time.perf_counter() - start)

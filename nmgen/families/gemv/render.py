@@ -16,4 +16,4 @@ def template_arguments(config: GemvConfig) -> dict[str, Any]:
 
 
 def entry_points(config: GemvConfig) -> tuple[str, ...]:
-    return (config.name, *([config.name + "_reduce"] if config.split_k > 1 else []))
+    return (config.name,)
