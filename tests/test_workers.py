@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
+from pathlib import Path
 
 import optuna
 import pytest
@@ -22,7 +25,14 @@ from nmgen.gpus import gpu_spec
 from nmgen.problem import ALayout
 from nmgen.store.database import connect
 from nmgen.store.tables import ConfigRow, ProblemRow, TrialRow
-from nmgen.tune.studies import default_storage_url, give_back_waiting, open_storage
+from nmgen.tune import workers
+from nmgen.tune.studies import (
+    ask,
+    default_storage_url,
+    fail_dead,
+    give_back_waiting,
+    open_storage,
+)
 from nmgen.tune.task import TuneTask
 from nmgen.tune.tuner import Tuner
 from nmgen.tune.workers import run_worker
@@ -33,6 +43,7 @@ def task_of(m: int) -> TuneTask:
 
 TRIALS = 10
 PATTERN, VEC = "2:4", "16"
+FAMILY = F32_SIMT.name  # one study a shape (other families serve some of these shapes too)
 SHAPES = [(64, 256, 512), (17, 300, 200), (128, 512, 256), (33, 128, 384), (256, 256, 256),
           (8, 640, 128), (96, 192, 320), (1, 512, 512)]
 FAST_HEARTBEAT = {"NMGEN_HEARTBEAT_S": "1", "NMGEN_HEARTBEAT_GRACE_S": "4"}
@@ -64,9 +75,10 @@ def shapes_file(tmp_path):
 
 
 def worker(shapes, db, storage, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    """``nmgen tune --dry-run`` on ``shapes``; ``storage`` None: the default one."""
     args = ["tune", "--gpu", "h100", "--shapes", str(shapes), "--pattern", PATTERN,
-            "--vec", VEC, "--trials", str(TRIALS), "--dry-run", "--compile-top", "0",
-            "--db", db, "--storage", storage, *extra]
+            "--vec", VEC, "--family", FAMILY, "--trials", str(TRIALS), "--dry-run",
+            "--compile-top", "0", "--db", db, *(["--storage", storage] if storage else []), *extra]
     return subprocess.Popen([sys.executable, "-m", "nmgen.cli", *args],
                             env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -78,13 +90,13 @@ def finish(proc: subprocess.Popen, timeout: float = 240) -> str:
     return out + err
 
 
-def check_consistent(db: str, storage: str) -> Counter:
-    """Every study has exactly TRIALS complete trials and nothing left running or waiting;
-    the database holds one row per configuration a study measured, with the value the
-    study was told. Returns the complete trials per worker."""
+def check_consistent(db: str, storage: str, shapes: list = SHAPES) -> Counter:
+    """Every study (one a shape of ``shapes``) has exactly TRIALS complete trials and
+    nothing left running or waiting; the database holds one row per configuration a study
+    measured, with the value the study was told. Returns the complete trials per worker."""
     store = open_storage(storage)
     studies = store.get_all_studies()
-    assert len(studies) == len(SHAPES)
+    assert len(studies) == len(shapes)
     engine = create_engine(db)
     by_worker: Counter = Counter()
     for summary in studies:
@@ -140,7 +152,8 @@ def test_two_workers_without_index_race_on_the_same_studies(pg_url, shapes_file)
 def test_killed_worker_loses_nothing_and_its_trial_is_redone(pg_url, shapes_file):
     # A worker that died mid-trial before the run: a running trial whose heartbeat stops.
     storage = open_storage(pg_url, heartbeat_s=1, grace_s=4)
-    first = f"model-nmgen_h100_{PATTERN}_l{VEC}_f32_rm_" + "x".join(map(str, SHAPES[0]))
+    first = "model-" + task_of(SHAPES[0][0]).study_name
+    assert task_of(SHAPES[0][0]).shape == SHAPES[0]
     study = optuna.create_study(study_name=first, storage=storage, direction="minimize")
     dead = study.ask()
     dead.set_user_attr("worker", "elsewhere:1")
@@ -172,8 +185,8 @@ def test_killed_worker_loses_nothing_and_its_trial_is_redone(pg_url, shapes_file
 def test_devices_run_workers_on_a_journal_beside_sqlite(tmp_path, shapes_file):
     db = f"sqlite:///{tmp_path / 'tuned.db'}"
     args = ["tune", "--gpu", "h100", "--shapes", str(shapes_file), "--pattern", PATTERN,
-            "--vec", VEC, "--trials", str(TRIALS), "--dry-run", "--compile-top", "0",
-            "--db", db, "--devices", "0,1"]
+            "--vec", VEC, "--family", FAMILY, "--trials", str(TRIALS), "--dry-run",
+            "--compile-top", "0", "--db", db, "--devices", "0,1"]
     result = subprocess.run([sys.executable, "-m", "nmgen.cli", *args], capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -190,8 +203,8 @@ def test_devices_count_the_gpus_cuda_visible_devices_leaves(tmp_path, shapes_fil
     def run(devices: str) -> subprocess.CompletedProcess:
         db = f"sqlite:///{tmp_path / devices.replace(',', '_')}.db"
         args = ["tune", "--gpu", "h100", "--shapes", str(shapes_file), "--pattern", PATTERN,
-                "--vec", VEC, "--trials", "2", "--dry-run", "--compile-top", "0",
-                "--db", db, "--devices", devices]
+                "--vec", VEC, "--family", FAMILY, "--trials", "2", "--dry-run",
+                "--compile-top", "0", "--db", db, "--devices", devices]
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": "5,7"}
         return subprocess.run([sys.executable, "-m", "nmgen.cli", *args], capture_output=True,
                               text=True, timeout=300, env=env)
@@ -211,8 +224,8 @@ def test_devices_count_the_gpus_cuda_visible_devices_leaves(tmp_path, shapes_fil
 
 def test_rdb_storage_on_sqlite_is_refused_for_several_workers(tmp_path, shapes_file):
     db = f"sqlite:///{tmp_path / 'tuned.db'}"
-    args = ["tune", "--gpu", "h100", "--shapes", str(shapes_file), "--dry-run",
-            "--db", db, "--storage", db, "--devices", "0,1"]
+    args = ["tune", "--gpu", "h100", "--shapes", str(shapes_file), "--family", FAMILY,
+            "--dry-run", "--db", db, "--storage", db, "--devices", "0,1"]
     result = subprocess.run([sys.executable, "-m", "nmgen.cli", *args], capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 2
@@ -240,8 +253,8 @@ def test_fail_orphans_fails_and_requeues_a_dead_workers_trial(tmp_path):
 def test_devices_worker_killed_the_other_finishes(tmp_path, shapes_file):
     db = f"sqlite:///{tmp_path / 'tuned.db'}"
     args = ["tune", "--gpu", "h100", "--shapes", str(shapes_file), "--pattern", PATTERN,
-            "--vec", VEC, "--trials", str(TRIALS), "--dry-run", "--compile-top", "0",
-            "--db", db, "--devices", "0,1"]
+            "--vec", VEC, "--family", FAMILY, "--trials", str(TRIALS), "--dry-run",
+            "--compile-top", "0", "--db", db, "--devices", "0,1"]
     proc = subprocess.Popen([sys.executable, "-m", "nmgen.cli", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pid = None
@@ -434,3 +447,175 @@ def test_walk_order_pairs_start_at_both_ends_of_their_share():
     assert orders[1][:10] == list(range(9, -1, -1)) and orders[2][:10] == list(range(10, 20))
     three = [walk_order(tasks, i, 3)[0] for i in range(3)]
     assert len(set(three)) == 3 and three[0] == 0
+
+
+# ------------------------------------------------- a killed worker's trials are redone
+def finish_within(proc: subprocess.Popen, timeout: float) -> str:
+    """``finish``, but a worker still running after ``timeout`` s (waiting for ever on a
+    dead worker's trials) is killed and the test fails, showing what it said."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"still running after {timeout:.0f} s; it said:\n{err[-3000:]}")
+    assert proc.returncode == 0, err[-3000:]
+    return out + err
+
+
+def kill_while_running(proc: subprocess.Popen, storage_url: str, timeout: float = 120) -> int:
+    """Kill ``proc`` (-9) at a moment it has running trials, once some trial is complete:
+    stopped, looked at through the storage, then killed or let go on for a moment.
+    Every running trial then names its worker (none is between being asked and named),
+    so that what the test sees does not hang on the grace period. Returns how many of
+    its trials it left running."""
+    me = f"{socket.gethostname()}:{proc.pid}"
+    store = open_storage(storage_url)
+
+    def running_and_complete() -> tuple[list[str | None], int]:
+        owners, complete = [], 0
+        for summary in store.get_all_studies():
+            study = optuna.load_study(study_name=summary.study_name, storage=store)
+            for trial in study.get_trials(deepcopy=False):
+                if trial.state == optuna.trial.TrialState.RUNNING:
+                    owners.append(trial.user_attrs.get("worker"))
+                complete += trial.state == optuna.trial.TrialState.COMPLETE
+        return owners, complete
+
+    deadline = time.monotonic() + timeout
+    while running_and_complete()[1] == 0:  # its tables and first studies are made
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
+        time.sleep(0.05)
+    while True:
+        assert proc.poll() is None, "it finished before it could be killed"
+        assert time.monotonic() < deadline, "never caught with named running trials"
+        proc.send_signal(signal.SIGSTOP)
+        looked = time.monotonic()
+        owners, _ = running_and_complete()
+        if me in owners and None not in owners:
+            proc.kill()
+            proc.wait()
+            return owners.count(me)
+        proc.send_signal(signal.SIGCONT)
+        time.sleep(max(0.02, time.monotonic() - looked))  # it runs at least half the time
+
+
+def test_rerun_after_kill_resumes_on_the_journal_beside_sqlite(tmp_path, shapes_file):
+    """`nmgen tune` killed (-9) with trials running, then run again (the default storage:
+    a journal beside the SQLite database, which has no heartbeats): the re-run fails the
+    dead process's running trials, redoes them and finishes every study, instead of
+    waiting for them for ever."""
+    db = f"sqlite:///{tmp_path / 'tuned.db'}"
+    journal = default_storage_url(db)
+    left = kill_while_running(worker(shapes_file, db, None), journal)
+    assert left > 0
+    said = finish_within(worker(shapes_file, db, None, env=FAST_HEARTBEAT), timeout=90)
+    assert "failed and enqueued again" in said, said[-3000:]
+    by_worker = check_consistent(db, journal)  # each configuration once a problem
+    assert sum(by_worker.values()) == TRIALS * len(SHAPES)
+
+
+def test_rerun_after_kill_resumes_on_postgres(pg_url, tmp_path):
+    """The same with the database and the studies on PostgreSQL (three shapes: it is
+    slower). Heartbeats alone would fail the dead process's trials only after their grace
+    period (ten minutes here): the re-run sees at once that the process that named itself
+    on them is gone."""
+    shapes = SHAPES[:3]
+    shapes_file = tmp_path / "shapes.txt"
+    shapes_file.write_text("".join(f"{m} {n} {k}\n" for m, n, k in shapes))
+    left = kill_while_running(worker(shapes_file, pg_url, pg_url), pg_url)
+    assert left > 0
+    slow_heartbeats = {"NMGEN_HEARTBEAT_S": "1", "NMGEN_HEARTBEAT_GRACE_S": "600"}
+    said = finish_within(worker(shapes_file, pg_url, pg_url, env=slow_heartbeats), timeout=90)
+    assert "failed and enqueued again" in said, said[-3000:]
+    by_worker = check_consistent(pg_url, pg_url, shapes)
+    assert sum(by_worker.values()) == TRIALS * len(shapes)
+
+
+def test_hand_started_worker_killed_the_survivor_finishes(tmp_path, shapes_file):
+    """Two workers started by hand on one journal (no supervisor to clean up after a
+    dead one); one is killed with trials running: the other redoes them and finishes."""
+    db = f"sqlite:///{tmp_path / 'tuned.db'}"
+    journal = f"journal:{tmp_path / 'studies.journal'}"
+    procs = [worker(shapes_file, db, journal, "--worker-index", str(i), "--worker-count", "2",
+                    env=FAST_HEARTBEAT) for i in range(2)]
+    try:
+        left = kill_while_running(procs[0], journal)
+    finally:
+        if procs[0].poll() is None:
+            procs[0].kill()
+        procs[0].communicate()
+    assert left > 0
+    said = finish_within(procs[1], timeout=90)
+    assert f"{socket.gethostname()}:{procs[0].pid} ({left}) failed and enqueued again" in said
+    by_worker = check_consistent(db, journal)
+    assert sum(by_worker.values()) == TRIALS * len(SHAPES)
+
+
+def test_fail_dead_fails_the_trials_of_dead_workers_only(tmp_path):
+    """Dead: a process of this host that is gone or a zombie, this pid in an earlier
+    process, a trial never named once older than the grace period. Alive, or unknown:
+    a live process, this process's own trial, another host's worker."""
+    host = socket.gethostname()
+    storage = open_storage(f"journal:{tmp_path / 'journal'}")
+    study = optuna.create_study(study_name="s", storage=storage)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    zombie = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    zombie.kill()  # not reaped yet
+    stat = Path(f"/proc/{zombie.pid}/stat")
+    while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.01)
+    owners = {"gone": f"{host}:{gone.pid}", "zombie": f"{host}:{zombie.pid}",
+              "earlier": f"{host}:{os.getpid()}", "live": f"{host}:{os.getppid()}",
+              "elsewhere": f"elsewhere.example:{gone.pid}", "mine": f"{host}:{os.getpid()}",
+              "unnamed": None}
+    trials = {}
+    for role, name in owners.items():
+        trial = ask(study) if role == "mine" else study.ask()
+        trial.suggest_int("x", 0, 9)
+        if name is not None:
+            trial.set_user_attr("worker", name)
+        trials[role] = trial.number
+    failed, running = fail_dead(study, grace_s=3600)
+    zombie.wait()
+    assert sorted(t.number for t in failed) == sorted(trials[r] for r in
+                                                      ("gone", "zombie", "earlier"))
+    assert sorted(t.number for t in running) == sorted(
+        trials[r] for r in ("live", "elsewhere", "mine", "unnamed"))
+    retries = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert len(retries) == 3 and all("worker" not in t.user_attrs for t in retries)
+    assert fail_dead(study, grace_s=3600)[0] == []  # failed once, retried once
+    failed, _ = fail_dead(study, grace_s=0)
+    assert [t.number for t in failed] == [trials["unnamed"]]
+
+
+def test_a_waiting_worker_says_whose_trials_it_waits_for(tmp_path):
+    """A worker with nothing left to ask but another (live) worker's running trial says so
+    at once, then no more than every WAIT_LOG_S; once that trial ends it finishes."""
+    storage = open_storage(f"journal:{tmp_path / 'studies.journal'}")
+    said: list[str] = []
+    tuner = Tuner(connect(f"sqlite:///{tmp_path / 'tuned.db'}"), storage, trials=8, batch=8,
+                  dry_run=True, log=lambda s: None)
+    task = task_of(64)
+    other = optuna.create_study(study_name=tuner.study_name(task), direction="minimize",
+                                storage=open_storage(f"journal:{tmp_path / 'studies.journal'}"))
+    held = other.ask()  # a live worker's: the parent of this process
+    held.set_user_attr("worker", f"{socket.gethostname()}:{os.getppid()}")
+    reports = []
+    thread = threading.Thread(target=lambda: reports.append(
+        run_worker(tuner, [task], log=said.append)), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not any(s.startswith("waiting for") for s in said):
+        assert time.monotonic() < deadline and thread.is_alive(), said
+        time.sleep(0.05)
+    time.sleep(3 * workers.POLL_S)
+    waits = [s for s in said if s.startswith("waiting for")]
+    assert waits == [f"waiting for 1 running trial of 1 study, worker {socket.gethostname()}:"
+                     f"{os.getppid()} (1); 0 s so far"]
+    other.tell(held, state=optuna.trial.TrialState.FAIL)
+    thread.join(timeout=60)
+    assert not thread.is_alive() and reports[0].complete == 1
+    done = other.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert len(done) == 8

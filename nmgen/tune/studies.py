@@ -9,11 +9,14 @@ A worker that dies must not leave a trial running forever. On an RDB storage Opt
 heartbeats do it: every running trial beats while it is measured, and any worker fails
 trials whose beat went stale and enqueues a retry. The journal storage has no
 heartbeats, so there the parent of the ``--devices`` workers does the same for a child
-that exits abnormally (:func:`fail_orphans`).
+that exits abnormally (:func:`fail_orphans`), and a waiting worker (a re-run of a killed
+``nmgen tune``, the survivor of hand-started workers) does it for the trials of any
+worker of its host whose process is gone (:func:`fail_dead`), on every storage.
 """
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import json
 import os
@@ -59,13 +62,23 @@ def _quiet() -> Iterator[None]:
         yield
 
 
+# The trials this process asked, (study name, trial id): a trial that names this process
+# as its worker but is not among them was asked by an earlier process of the same pid (a
+# re-run in a fresh container, say), now dead.
+_ASKED: set[tuple[str, int]] = set()
+
+
 def ask(study: optuna.Study) -> optuna.Trial:
-    """A new trial, beating at once: Optuna counts a running trial as stale only once it
-    has a heartbeat, so a worker killed before the first beat would leave it forever."""
+    """A new trial, beating at once and named at once (user attribute ``worker``:
+    ``worker_id``): Optuna counts a running trial as stale only once it has a heartbeat,
+    and a trial names the process that runs it so that its death is seen (``is_dead``).
+    A worker killed before either would leave the trial running until the grace period."""
     with _quiet():
         trial = study.ask()
+    _ASKED.add((study.study_name, trial._trial_id))
     if uses_heartbeats(study._storage):
         study._storage.record_heartbeat(trial._trial_id)
+    trial.set_user_attr("worker", worker_id())
     return trial
 
 
@@ -104,9 +117,8 @@ def open_storage(url: str, heartbeat_s: int = HEARTBEAT_S,
         return RDBStorage(url)
     def rdb() -> RDBStorage:
         with _quiet():
-            retry = RetryHeartbeatStaleTrialCallback(MAX_RETRY)
             return RDBStorage(url, heartbeat_interval=heartbeat_s, grace_period=grace_s,
-                              heartbeat_stale_trial_callback=retry)
+                              heartbeat_stale_trial_callback=_retry())
 
     # Fresh database: workers starting together race to make the tables.
     return retry_on_race(rdb, attempts=5, delay_s=0.5)
@@ -249,21 +261,100 @@ def give_back_waiting(study: optuna.Study, trials: int) -> int:
     return given
 
 
+class _Retry(RetryHeartbeatStaleTrialCallback):
+    """Optuna's retry of a failed running trial (a waiting copy of its parameters), less
+    the user attributes that named its worker: once asked, the retry is its new worker's,
+    and until that one names itself it must not look like the dead worker's trial."""
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        trial = copy.copy(trial)
+        trial.user_attrs = {k: v for k, v in trial.user_attrs.items()
+                            if k not in ("worker", "surplus")}
+        super().__call__(study, trial)
+
+
+def _retry() -> _Retry:
+    with _quiet():
+        return _Retry(MAX_RETRY)
+
+
+def _fail_and_retry(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+    """Fail a dead worker's running trial and enqueue its retry; ``False`` where another
+    worker (or the trial's own) finished it first: only one of them enqueues the retry."""
+    storage = study._storage
+    try:
+        storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
+    _retry()(study, storage.get_trial(trial._trial_id))
+    return True
+
+
 def fail_orphans(storage: BaseStorage, dead_worker: str) -> int:
     """Fail the running trials of a worker known to be dead, enqueue a retry of each
     (what heartbeats do on an RDB storage); returns how many."""
-    with _quiet():
-        retry = RetryHeartbeatStaleTrialCallback(MAX_RETRY)
     failed = 0
     for summary in storage.get_all_studies():
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if trial.user_attrs.get("worker") != dead_worker:
-                continue
-            try:
-                storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-            except optuna.exceptions.UpdateFinishedTrialError:
-                continue
-            retry(study, storage.get_trial(trial._trial_id))
-            failed += 1
+            if trial.user_attrs.get("worker") == dead_worker:
+                failed += _fail_and_retry(study, trial)
     return failed
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host still runs (a zombie, killed but not yet
+    reaped by its parent, does not)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in (b"Z", b"X")
+
+
+def owner(trial: optuna.trial.FrozenTrial) -> str:
+    """The worker id a running trial names (``worker_id``), ``unnamed`` before it has one."""
+    return str(trial.user_attrs.get("worker", "unnamed"))
+
+
+def is_dead(study: optuna.Study, trial: optuna.trial.FrozenTrial, grace_s: float = GRACE_S,
+            host: str | None = None) -> bool:
+    """Whether running ``trial`` belongs to a dead worker: one of this host whose process is
+    gone (or that has this process's pid but is not this process: an earlier run's), or,
+    on a storage without heartbeats, none yet (its worker died between asking it and
+    naming itself) once the trial is older than ``grace_s``. Other hosts' workers cannot
+    be looked at: on an RDB storage their heartbeats tell (``fail_stale``)."""
+    if (study.study_name, trial._trial_id) in _ASKED:
+        return False  # this process's own
+    worker = trial.user_attrs.get("worker")
+    if worker is None:
+        start = trial.datetime_start  # local, naive
+        return (not uses_heartbeats(study._storage) and start is not None
+                and datetime.now() - start > timedelta(seconds=grace_s))
+    name, _, pid = str(worker).rpartition(":")
+    if name != (host or socket.gethostname()) or not pid.isdigit():
+        return False
+    return int(pid) == os.getpid() or not pid_alive(int(pid))
+
+
+def fail_dead(study: optuna.Study, grace_s: float = GRACE_S
+              ) -> tuple[list[optuna.trial.FrozenTrial], list[optuna.trial.FrozenTrial]]:
+    """Fail the running trials of dead workers (``is_dead``) and enqueue a retry of each,
+    as ``fail_orphans`` does; returns (those failed here, those still running)."""
+    host = socket.gethostname()
+    failed, running = [], []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if not is_dead(study, trial, grace_s, host):
+            running.append(trial)
+        elif _fail_and_retry(study, trial):
+            failed.append(trial)
+    return failed, running

@@ -316,7 +316,7 @@ class Tuner:
 
     def _run_batch(self, study: optuna.Study, task: TuneTask, measurer, wanted: int,
                    statuses: dict[str, int], phases: Phases) -> Generator[Any, None, None]:
-        from .studies import ask, heartbeat, worker_id
+        from .studies import ask, heartbeat
 
         with phases("optuna"):
             asked = [ask(study) for _ in range(wanted)]
@@ -324,8 +324,6 @@ class Tuner:
             with phases("optuna"):
                 for trial in self._give_back_surplus(study, asked):
                     asked.remove(trial)
-                for trial in asked:
-                    trial.set_user_attr("worker", worker_id())
                 configs = [suggest_config(t, task) for t in asked]
             with phases("measure"):
                 known = self._known(measurer.key)

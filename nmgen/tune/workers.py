@@ -5,7 +5,8 @@ Each worker walks round the list of problems (``walk_order``), so the workers st
 different shapes and then help wherever a study is still short of trials; under a time
 budget, a first pass gives every study one batch before any gets more. A worker leaves
 when every study has its trials; while others still run the last ones it waits, failing
-stale trials (a dead worker's) so that they are redone.
+stale trials (a dead worker's: ``studies.fail_dead``, or heartbeats) so that they are
+redone, and saying every ``WAIT_LOG_S`` whose trials it waits for.
 """
 
 from __future__ import annotations
@@ -16,17 +17,20 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 
-from .studies import fail_orphans, give_back_waiting, open_storage
+from .studies import fail_dead, fail_orphans, give_back_waiting, open_storage, owner
 from .task import TuneTask
 from .tuner import AHEAD_STUDIES, Phases, Tuner, TuneReport
 
 POLL_S = 0.5  # a waiting worker looks again this often
+RECLAIM_S = 2.0  # ... and for dead workers' running trials this often
+WAIT_LOG_S = 10.0  # ... and says what it waits for this often
 
 
 @dataclass
@@ -45,6 +49,18 @@ class _Flying:
     task: TuneTask
     steps: Generator[Any, None, TuneReport]
     compiling: Any = None
+
+
+@dataclass
+class _Waiting:
+    """What a worker with nothing left to ask waits for: the running trials of other
+    workers, by worker id, as last looked at."""
+
+    since: float | None = None  # when this wait began (None: working)
+    next_check: float = 0.0  # when to look for dead workers' trials again
+    next_log: float = 0.0
+    trials: Counter = field(default_factory=Counter)  # running trials by worker id
+    studies: int = 0  # studies they are in
 
 
 Pick = tuple[TuneTask, float, str, Sequence[TuneTask]]  # task, budget, progress, upcoming
@@ -96,6 +112,7 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
     walk = _walk(tuner, order, time_budget_s, start,
                  lambda: {f.task.study_name for f in flying})
     paused = False  # the walk found nothing open: asked again once something changed
+    waiting = _Waiting()
     while True:
         while len(flying) < max(1, tuner.in_flight) and not paused:
             pick = next(walk)
@@ -103,13 +120,26 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
             if pick is not None:
                 flying.append(begin(pick))
                 step(flying[-1])
+                waiting.since = None
         if flying:  # a batch compiled (else the oldest, waited for) is measured
             ended = not step(next((f for f in flying if f.compiling.done()), flying[0]))
             paused = paused and not ended
             continue
-        unfinished = [t for t in order if tuner.open_work(t)[0] < tuner.trials]
+        work = [(t, *tuner.open_work(t)) for t in order]  # (task, complete, running)
+        unfinished = [t for t, complete, _ in work if complete < tuner.trials]
         out_of_time = time.monotonic() - start >= time_budget_s
-        if not unfinished or out_of_time:
+        leaving = not unfinished or out_of_time
+        busy = [t for t, _, running in work if running]
+        if not busy:
+            waiting.trials.clear()
+        # Trials running elsewhere: a dead worker's are failed and enqueued again (also on
+        # leaving, so that none is left running in a full study).
+        if busy and (leaving or time.monotonic() >= waiting.next_check):
+            waiting.next_check = time.monotonic() + RECLAIM_S
+            if _fail_dead(tuner, busy, waiting, log):
+                paused = False  # their retries are open now
+                continue
+        if leaving:
             if out_of_time and unfinished:
                 log(f"time budget spent: {len(unfinished)} of {len(tasks)} studies short "
                     "of their trials")
@@ -119,8 +149,49 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
                     _cross_check(tuner, [t for t in order if t.study_name in worked], log)
             return WorkerReport(len(worked), len(tasks) - len(unfinished), len(tasks),
                                 time.monotonic() - start, phases)
+        now = time.monotonic()
+        waiting.since = now if waiting.since is None else waiting.since
+        if now >= waiting.next_log and waiting.trials:
+            waiting.next_log = now + WAIT_LOG_S
+            log(_waiting_line(waiting, now))
         time.sleep(POLL_S)  # the rest is running elsewhere: wait for it (or its failure)
         paused = False
+
+
+def _fail_dead(tuner: Tuner, tasks: Sequence[TuneTask], waiting: _Waiting,
+               log: Callable[[str], None]) -> int:
+    """Fail the running trials of dead workers in ``tasks``' studies and enqueue their
+    retries (``studies.fail_dead``); notes in ``waiting`` whose trials still run. Returns
+    how many were failed."""
+    failed: Counter = Counter()
+    waiting.trials, waiting.studies = Counter(), 0
+    for task in tasks:
+        try:
+            study = optuna.load_study(study_name=tuner.study_name(task), storage=tuner.storage)
+        except KeyError:
+            continue
+        dead, running = fail_dead(study)
+        failed.update(owner(t) for t in dead)
+        waiting.trials.update(owner(t) for t in running)
+        waiting.studies += bool(running)
+    count = sum(failed.values())
+    if count:
+        log(f"{count} running trial{'s' * (count != 1)} of dead "
+            f"worker{'s' * (len(failed) != 1)} {_by_worker(failed)} failed and enqueued again")
+    return count
+
+
+def _by_worker(trials: Counter) -> str:
+    return ", ".join(f"{worker} ({count})" for worker, count in sorted(trials.items()))
+
+
+def _waiting_line(waiting: _Waiting, now: float) -> str:
+    """``waiting for 3 running trials of 2 studies, workers h:12 (2), h:34 (1); 10 s so far``"""
+    trials = sum(waiting.trials.values())
+    return (f"waiting for {trials} running trial{'s' * (trials != 1)} of {waiting.studies} "
+            f"stud{'ies' if waiting.studies != 1 else 'y'}, "
+            f"worker{'s' * (len(waiting.trials) != 1)} {_by_worker(waiting.trials)}; "
+            f"{now - (waiting.since or now):.0f} s so far")
 
 
 def _walk(tuner: Tuner, order: Sequence[TuneTask], time_budget_s: float, start: float,
