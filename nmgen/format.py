@@ -191,8 +191,9 @@ def _check_shape(k: int, n_cols: int) -> None:
 class NMMatrix:
     """A ``K×N`` matrix in vector-wise N:M form (see the module docstring).
 
-    Internally ``_values`` is ``W×Np`` and ``_indices`` ``W×Np/L``, with ``Np`` the
-    column count padded to a multiple of ``L``; padded columns hold zeros.
+    Internally ``_values`` is ``W×Np`` and ``_indices`` ``W×Np/L``, both row-major (C
+    order: what a kernel's flat indexing reads), with ``Np`` the column count padded to
+    a multiple of ``L``; padded columns hold zeros.
     """
 
     _values: np.ndarray
@@ -202,6 +203,10 @@ class NMMatrix:
     shape: tuple[int, int]
     # Device-side preparations (kernel layouts), keyed by preparation key and device.
     _prepared: dict[Any, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._values = np.ascontiguousarray(self._values)
+        self._indices = np.ascontiguousarray(self._indices)
 
     # ---------------------------------------------------------------- construction
     @classmethod

@@ -291,3 +291,11 @@ def test_reference_agrees_with_the_dense_product(problem, rows_a, seed):
     norm = np.linalg.norm(exact)
     if norm > 0 and norm >= 1e-3 * np.linalg.norm(scale):
         assert np.linalg.norm(ref - exact) / norm < 1e-12
+
+
+def test_compressed_arrays_are_row_major_whatever_the_input_order():
+    """Kernels index ``_values``/``_indices`` flat in C order: a transposed (F-order) input
+    must not reach them as such."""
+    dense = np.random.default_rng(3).standard_normal((50, 61)).T  # F-order K×N
+    for weight in (nmgen.prune(dense, "2:4", 8), nmgen.prune(dense.T, "2:4", 8, layout="nk")):
+        assert weight._values.flags["C_CONTIGUOUS"] and weight._indices.flags["C_CONTIGUOUS"]

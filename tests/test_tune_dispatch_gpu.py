@@ -128,7 +128,9 @@ def test_dispatch_cupy_matches_reference(tuned_db, shape):
 
 def test_dispatch_torch_and_model_fallback():
     torch = pytest.importorskip("torch")
-    dispatcher = Dispatcher([f"sqlite:///{__import__('tempfile').mkdtemp()}/empty.db"])
+    empty = f"sqlite:///{__import__('tempfile').mkdtemp()}/empty.db"
+    connect(empty)  # tables and no records
+    dispatcher = Dispatcher([empty])
     weight = torch.randn(70, 90)  # nn.Linear(90, 70).weight
     b = nmgen.prune(weight, "2:8", 8, layout="nk")
     x = torch.randn(9, 90, device="cuda")

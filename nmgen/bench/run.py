@@ -155,6 +155,7 @@ def bench_to_dir(shapes: Sequence[Shape], patterns: Sequence[Pattern], vec: int,
     from .results import write_all, write_csv
 
     info = device_info()
+    store = connect(db_url or default_url())  # made now: the dispatcher reads it first
     shipped_url = [f"sqlite:///{shipped()}"] if shipped().exists() else []
     dispatcher = Dispatcher([db_url, *shipped_url] if db_url else None)  # yours, then ours
     start = time.monotonic()
@@ -169,8 +170,7 @@ def bench_to_dir(shapes: Sequence[Shape], patterns: Sequence[Pattern], vec: int,
                                    layout=layout, on_row=on_row)
     partial.unlink(missing_ok=True)
     gpu = table_name(info.name)
-    record_ceilings(connect(db_url or default_url()), gpu, info.name, ceilings.fp32_tflops,
-                    ceilings.dram_gbs)
+    record_ceilings(store, gpu, info.name, ceilings.fp32_tflops, ceilings.dram_gbs)
     meta = {"device": info.name, "gpu": gpu, "cuda_runtime": info.cuda_version,
             "a_layout": layout.value, "command": command,
             "seconds": round(time.monotonic() - start, 1),
