@@ -44,13 +44,15 @@ def _tasks(args: argparse.Namespace) -> list:
         families = [get(args.family)] if args.family else serving(problem)
         if not families:
             raise ValueError(f"no kernel family serves {problem}")
-        for family in families:
+        # Without --family, each family only where it can win (Family.tunes).
+        pairs = [(f, s) for f in families for s in shapes if args.family or f.tunes(s)]
+        for family in dict.fromkeys(f for f, _ in pairs):
             if family.serves(problem) is not None:
                 raise ValueError(f"--family {family.name}: {family.serves(problem)}")
             if not family.seed_candidates(problem, family.space):
                 raise ValueError(f"no {family.name} kernel fits {problem}: no configuration "
                                  f"of its space is valid for L = {args.vec}")
-        tasks += [TuneTask(spec, f, problem, *shape) for f in families for shape in shapes]
+        tasks += [TuneTask(spec, f, problem, *shape) for f, shape in pairs]
     return tasks
 
 
@@ -303,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--dtype", default="f32", help="values and activations: f32, bf16 or "
                       "f16 (default: %(default)s)")
     tune.add_argument("--family", help="tune only this kernel family (default: every "
-                      "family serving the problem)")
+                      "family serving the problem, each where it can win: gemv at M <= 64)")
     tune.add_argument("--trials", type=int, default=40,
                       help="trials per problem (default: %(default)s)")
     tune.add_argument("--time-budget", type=float, default=math.inf, help="seconds in all")

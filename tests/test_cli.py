@@ -131,3 +131,20 @@ def test_llama_shapes_file():
     shapes = read_shapes(Path(__file__).resolve().parent.parent / "shapes" / "llama.txt")
     assert len(shapes) == 100 and len(set(shapes)) == 100
     assert (4096, 8192, 22016) in shapes and (256, 2048, 2048) in shapes
+
+
+def test_tune_without_family_gives_each_family_its_regime(tmp_path):
+    """A tune naming no family runs the decode family at small M only, the tiled FP32
+    family everywhere; naming a family tunes it on every shape."""
+    from nmgen.cli import _tasks, build_parser
+
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("1 4096 4096\n64 4096 4096\n65 4096 4096\n4096 4096 4096\n")
+    base = ["tune", "--gpu", "h100", "--shapes", str(shapes), "--pattern", "8:32"]
+    tasks = _tasks(build_parser().parse_args(base))
+    by_family: dict[str, list[int]] = {}
+    for task in tasks:
+        by_family.setdefault(task.family.name, []).append(task.shape[0])
+    assert by_family == {"f32": [1, 64, 65, 4096], "gemv": [1, 64]}
+    named = _tasks(build_parser().parse_args([*base, "--family", "gemv"]))
+    assert [t.shape[0] for t in named] == [1, 64, 65, 4096]

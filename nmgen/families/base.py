@@ -88,6 +88,12 @@ class Family(ABC):
             return f"{self.name} kernels take {', '.join(sorted(d.value for d in self.dtypes))}"
         return None
 
+    def tunes(self, shape: tuple[int, int, int]) -> bool:
+        """Whether a tune that names no family spends trials on this family at ``shape``
+        (M, N, K): a family built for one regime says where it cannot win. Dispatch still
+        serves every shape from the records there are."""
+        return True
+
     # ------------------------------------------------------------ configuration
     @abstractmethod
     def config_from_dict(self, values: dict[str, Any]) -> Config:

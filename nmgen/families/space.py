@@ -12,6 +12,7 @@ import itertools
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Protocol
 
 from ..problem import Problem
@@ -19,6 +20,20 @@ from ..problem import Problem
 
 class ConfigError(ValueError):
     """A configuration that breaks a rule; the message names the rule."""
+
+
+def coerce_enums(config: Any, enums: dict[str, type[Enum]]) -> None:
+    """Turn the named fields of a frozen dataclass from their values (as records and JSON
+    hold them) into their enums, or raise ``ConfigError`` naming the allowed values."""
+    for name, enum in enums.items():
+        value = getattr(config, name)
+        if isinstance(value, enum):
+            continue
+        try:
+            object.__setattr__(config, name, enum(value))
+        except ValueError:
+            allowed = ", ".join(e.value for e in enum)
+            raise ConfigError(f"{name}={value!r}: expected one of {allowed}") from None
 
 
 @dataclass(frozen=True)

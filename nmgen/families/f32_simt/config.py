@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from ...format import MAX_M, DType
 from ...gpus import REGISTERS_PER_SM, Arch
 from ...problem import ALayout
-from ..space import ConfigError
+from ..space import ConfigError, coerce_enums
 
 
 class ATile(str, Enum):
@@ -70,14 +70,7 @@ class KernelConfig:
     family: ClassVar[str] = FAMILY
 
     def __post_init__(self) -> None:
-        for name, enum in (("a_layout", ALayout), ("a_tile", ATile), ("arch", Arch)):
-            value = getattr(self, name)
-            if not isinstance(value, enum):
-                try:
-                    object.__setattr__(self, name, enum(value))
-                except ValueError:
-                    allowed = ", ".join(e.value for e in enum)
-                    raise ConfigError(f"{name}={value!r}: expected one of {allowed}") from None
+        coerce_enums(self, {"a_layout": ALayout, "a_tile": ATile, "arch": Arch})
         object.__setattr__(self, "packing", bool(self.packing))
         object.__setattr__(self, "stream_k", bool(self.stream_k))
         object.__setattr__(self, "tma", bool(self.tma))

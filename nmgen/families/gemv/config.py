@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from ...format import MAX_M, DType
 from ...gpus import REGISTERS_PER_SM, Arch
 from ...problem import ALayout
-from ..space import ConfigError
+from ..space import ConfigError, coerce_enums
 
 FAMILY = "gemv"
 MAX_THREADS = 1024
@@ -37,14 +37,7 @@ class GemvConfig:
     family: ClassVar[str] = FAMILY
 
     def __post_init__(self) -> None:
-        for name, enum in (("a_layout", ALayout), ("arch", Arch), ("dtype", DType)):
-            value = getattr(self, name)
-            if not isinstance(value, enum):
-                try:
-                    object.__setattr__(self, name, enum(value))
-                except ValueError:
-                    allowed = ", ".join(e.value for e in enum)
-                    raise ConfigError(f"{name}={value!r}: expected one of {allowed}") from None
+        coerce_enums(self, {"a_layout": ALayout, "arch": Arch, "dtype": DType})
         for rule, ok in self._rules():
             if not ok:
                 raise ConfigError(f"{self.name}: violates rule '{rule}'")

@@ -20,6 +20,8 @@ from . import launch, model, prepare, render
 from .config import FAMILY, GemvConfig
 from .space import SPACE
 
+MAX_TUNED_ROWS = 64  # the largest M a tune of every family spends gemv trials on
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -29,6 +31,11 @@ class Gemv(Family):
     dtypes = frozenset({DType.F32, DType.BF16, DType.F16})
     space = SPACE
     subspaces = {"full": SPACE}
+
+    def tunes(self, shape: Shape) -> bool:
+        """Small M only: each block holds its rows of A on chip and streams the weight
+        once per ``rows``; at M > 64 the tiled families win."""
+        return shape[0] <= MAX_TUNED_ROWS
 
     def config_from_dict(self, values: dict[str, Any]) -> GemvConfig:
         return GemvConfig.from_dict(values)
