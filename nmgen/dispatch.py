@@ -113,7 +113,7 @@ class Dispatcher:
                 if shape in winners:
                     return Decision(winners[shape].config, "exact" + suffix,
                                     winners[shape].time_ms)
-                if winners:
+                if winners and family.tunes(shape):  # not stretched past its regime
                     nearest = min(winners.values(), key=lambda w: (
                         shape_distance(w.shape, shape), w.config.name))
                     return Decision(nearest.config, "nearest" + suffix, nearest.time_ms,

@@ -96,7 +96,10 @@ def test_dispatcher_exact_nearest_and_model(db):
     decision = dispatcher.decide(other_pattern, KEY.shape)
     assert decision.source == "model" and decision.config.n == 4
     assert dispatcher.decide(other_pattern, KEY.shape) is decision  # cached
+    # bf16 at M = 1024 with no bf16 records: the tensor-core family's model choice
     decision = dispatcher.decide(Problem(8, 32, 32, dtype="bf16"), KEY.shape)
+    assert decision.source == "model" and decision.config.family == "mma"
+    decision = dispatcher.decide(Problem(8, 32, 32, dtype="bf16"), (1, 4096, 4096))
     assert decision.source == "model" and decision.config.family == "gemv"
 
 

@@ -135,3 +135,21 @@ def test_dispatch_takes_each_family_where_its_records_are(tmp_path):
     assert dispatcher.decide(problem, (2, 4096, 4096)).config == small  # nearest: decode's
     assert dispatcher.decide(problem, (1024, 4096, 4096)).config == large
     assert dispatcher.decide(problem, (2048, 4096, 4096)).config == large
+
+
+def test_decode_records_are_not_stretched_to_prefill(tmp_path):
+    """bf16 with decode records only (M = 64): M = 32 takes the nearest decode record,
+    M = 2048 the tensor-core family's model choice, not a decode kernel."""
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    engine = connect(url)
+    device = DeviceInfo("NVIDIA H100 80GB HBM3", 132, 9, 0, 13000)
+    problem = Problem(8, 32, 128, dtype="bf16")
+    decode = GemvConfig(8, 32, 128, rows=16, col_threads=64, lanes=4, cols=8, unroll=8,
+                        split_k=4, dtype="bf16")
+    key = ProblemKey("h100", device.name, "sm_90", 13000, 132, GEMV.generator_hash(),
+                     8, 32, 128, "bf16", "rm", 64, 4096, 4096)
+    record_trial(engine, key, decode, "h", TrialStatus.OK, time_ms=0.02)
+    dispatcher = Dispatcher([url], device=device)
+    assert dispatcher.decide(problem, (32, 4096, 4096)).config == decode
+    prefill = dispatcher.decide(problem, (2048, 4096, 4096))
+    assert (prefill.source, prefill.config.family) == ("model", "mma")

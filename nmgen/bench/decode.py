@@ -14,7 +14,7 @@ import csv
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +90,8 @@ def run_decode_bench(shapes: Sequence[Shape], patterns: Sequence[Pattern], vec: 
                      dtype: DType, dispatcher: Dispatcher, repeat: int = 30,
                      on_row: Callable[[list[DecodeRow]], None] = lambda rows: None,
                      log: Callable[[str], None] = print) -> list[DecodeRow]:
+    """Every shape at every pattern; the weights of one (pattern, N, K) are made once and
+    serve each M of the shapes file."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False  # FP32 is SGEMM, as in the FP32 bench
@@ -99,63 +101,114 @@ def run_decode_bench(shapes: Sequence[Shape], patterns: Sequence[Pattern], vec: 
     rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
     torch_dtype = {DType.F32: torch.float32, DType.BF16: torch.bfloat16,
                    DType.F16: torch.float16}[dtype]
+    total = len(shapes) * len(patterns)
     for pattern in patterns:
-        for shape in shapes:
-            row = _one(dispatcher, shape, pattern, vec, dtype, torch_dtype, bandwidth, rng,
-                       repeat)
-            rows.append(row)
-            on_row(rows)
-            log(f"[{len(rows)}/{len(shapes) * len(patterns)}] {pattern} {shape}: "
-                f"{row.nmgen_ms * 1e3:.1f} us ({row.achieved_gbs:.0f} GB/s), dense "
-                f"{row.baseline_ms * 1e3:.1f} us, {row.speedup:.2f}x ({row.source})")
+        for (cols, depth), group in _by_weight(shapes).items():
+            weights = _Weights.make(rng, pattern, vec, cols, depth, dtype, torch_dtype)
+            for m_rows in group:
+                row = _one(dispatcher, weights, m_rows, bandwidth, repeat)
+                rows.append(row)
+                on_row(rows)
+                log(f"[{len(rows)}/{total}] {pattern} {(m_rows, cols, depth)}: "
+                    f"{row.nmgen_ms * 1e3:.1f} us ({row.achieved_gbs:.0f} GB/s), dense "
+                    f"{row.baseline_ms * 1e3:.1f} us, {row.speedup:.2f}x ({row.source})")
+            del weights
+            torch.cuda.empty_cache()
     return rows
 
 
-def _one(dispatcher: Dispatcher, shape: Shape, pattern: Pattern, vec: int, dtype: DType,
-         torch_dtype: Any, bandwidth: float, rng: np.random.Generator, repeat: int
-         ) -> DecodeRow:
+def _by_weight(shapes: Sequence[Shape]) -> dict[tuple[int, int], list[int]]:
+    """The M of each (N, K), in the order of the shapes file."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for m_rows, cols, depth in shapes:
+        groups.setdefault((cols, depth), []).append(m_rows)
+    return groups
+
+
+@dataclass
+class _Weights:
+    """One (pattern, N, K): rotated copies of nmgen's weight (one random weight, a
+    separate device copy each), of the dense baseline's in both layouts, and of the
+    semi-structured 2:4 weight where that path runs."""
+
+    pattern: Pattern
+    vec: int
+    dtype: DType
+    shape: tuple[int, int]  # (N, K)
+    nm: list[NMMatrix]
+    dense_kn: list[Any]
+    dense_nk: list[Any]
+    semi: list[Any] | None
+    _reference: Any = None
+
+    @property
+    def reference(self) -> Any:
+        """The weight in float64 on the device (the check's product), made once."""
+        import torch
+
+        if self._reference is None:
+            self._reference = torch.as_tensor(self.nm[0].to_dense().astype(np.float64),
+                                              device="cuda")
+        return self._reference
+
+    @classmethod
+    def make(cls, rng: np.random.Generator, pattern: Pattern, vec: int, cols: int,
+             depth: int, dtype: DType, torch_dtype: Any) -> _Weights:
+        import torch
+
+        size = compressed_bytes((1, cols, depth), pattern, vec, dtype)
+        first = random_weight(rng, pattern.n, pattern.m, vec, depth, cols,
+                              device_values=True, dtype=dtype)
+        nm = [first, *(replace(first, _prepared={}) for _ in range(_copies(size) - 1))]
+        copies = _copies(depth * cols * dtype.itemsize)
+        kn = [torch.randn(depth, cols, device="cuda").to(torch_dtype) for _ in range(copies)]
+        nk = [torch.randn(cols, depth, device="cuda").to(torch_dtype) for _ in range(copies)]
+        return cls(pattern, vec, dtype, (cols, depth), nm, kn, nk,
+                   _semi_structured(first, pattern, dtype, torch_dtype, len(nm)))
+
+
+def _one(dispatcher: Dispatcher, weights: _Weights, m_rows: int, bandwidth: float,
+         repeat: int) -> DecodeRow:
     import torch
 
-    m_rows, cols, depth = shape
-    size = compressed_bytes(shape, pattern, vec, dtype)
-    weights = [random_weight(rng, pattern.n, pattern.m, vec, depth, cols, device_values=True,
-                             dtype=dtype) for _ in range(_copies(size))]
-    a = torch.randn(m_rows, depth, device="cuda").to(torch_dtype)
-    out = torch.empty(m_rows, cols, device="cuda", dtype=torch_dtype)
-    error = _error(dispatcher, a, weights[0], out)
-    for weight in weights[1:]:  # each copy laid out on the device before the timing
+    cols, depth = weights.shape
+    nm, dtype = weights.nm, weights.dtype
+    a = torch.randn(m_rows, depth, device="cuda").to(weights.dense_kn[0].dtype)
+    out = torch.empty(m_rows, cols, device="cuda", dtype=a.dtype)
+    error = _error(dispatcher, a, nm[0], weights.reference, out)
+    for weight in nm[1:]:  # each copy laid out on the device before the timing
         dispatcher(a, weight, out=out)
-    nmgen_ms = time_ms(lambda i: dispatcher(a, weights[i % len(weights)], out=out),
-                       repeat=repeat)
-    problem = Problem(pattern.n, pattern.m, vec, arch=device_info().arch, dtype=dtype)
-    decision = dispatcher.decide(problem, shape)
-    baseline_ms = _dense_ms(a, out, cols, depth, dtype, repeat)
-    semi_ms = _semi_structured_ms(weights, a, pattern, dtype, repeat)
-    return DecodeRow(str(pattern), vec, "rm", CSV_DTYPE[dtype], m_rows, cols, depth, nmgen_ms,
-                     baseline_ms, semi_ms, size, bandwidth, error, decision.source,
-                     decision.config.name)
+    nmgen_ms = time_ms(lambda i: dispatcher(a, nm[i % len(nm)], out=out), repeat=repeat)
+    problem = Problem(weights.pattern.n, weights.pattern.m, weights.vec,
+                      arch=device_info().arch, dtype=dtype)
+    decision = dispatcher.decide(problem, (m_rows, cols, depth))
+    baseline_ms = _dense_ms(a, out, weights, repeat)
+    semi_ms = _semi_ms(a, weights.semi, repeat) if weights.semi else None
+    size = compressed_bytes((m_rows, cols, depth), weights.pattern, weights.vec, dtype)
+    return DecodeRow(str(weights.pattern), weights.vec, "rm", CSV_DTYPE[dtype], m_rows, cols,
+                     depth, nmgen_ms, baseline_ms, semi_ms, size, bandwidth, error,
+                     decision.source, decision.config.name)
 
 
-def _dense_ms(a: Any, out: Any, cols: int, depth: int, dtype: DType, repeat: int) -> float:
+def _dense_ms(a: Any, out: Any, weights: _Weights, repeat: int) -> float:
     """cuBLAS at the same dtype on rotated dense weights: the faster of ``matmul`` on a
     K×N weight and ``F.linear`` on an N×K one (the layout a PyTorch model keeps)."""
     import torch
 
-    copies = _copies(depth * cols * dtype.itemsize)
-    kn = [torch.randn(depth, cols, device="cuda").to(a.dtype) for _ in range(copies)]
-    matmul_ms = time_ms(lambda i: torch.matmul(a, kn[i % copies], out=out), repeat=repeat)
-    nk = [torch.randn(cols, depth, device="cuda").to(a.dtype) for _ in range(copies)]
-    linear_ms = time_ms(lambda i: torch.nn.functional.linear(a, nk[i % copies]),
+    kn, nk = weights.dense_kn, weights.dense_nk
+    matmul_ms = time_ms(lambda i: torch.matmul(a, kn[i % len(kn)], out=out), repeat=repeat)
+    linear_ms = time_ms(lambda i: torch.nn.functional.linear(a, nk[i % len(nk)]),
                         repeat=repeat)
     return min(matmul_ms, linear_ms)
 
 
-def _error(dispatcher: Dispatcher, a: Any, weight: NMMatrix, out: Any) -> float:
+def _error(dispatcher: Dispatcher, a: Any, weight: NMMatrix, reference: Any,
+           out: Any) -> float:
     import torch
 
     out.fill_(float("nan"))
     dispatcher(a, weight, out=out)
-    ref = a.double() @ torch.as_tensor(weight.to_dense().astype(np.float64), device="cuda")
+    ref = a.double() @ reference
     err = float(torch.linalg.norm(out.double() - ref) / max(float(torch.linalg.norm(ref)),
                                                             1e-30))
     if not err < tolerance(weight.dtype):
@@ -164,27 +217,33 @@ def _error(dispatcher: Dispatcher, a: Any, weight: NMMatrix, out: Any) -> float:
     return err
 
 
-def _semi_structured_ms(weights: list[NMMatrix], a: Any, pattern: Pattern, dtype: DType,
-                        repeat: int) -> float | None:
-    """PyTorch's 2:4 semi-structured sparse linear on the same weights (cuSPARSELt):
-    2:4 with vector length 1 along K only, at 16 bits; ``None`` where it does not run."""
+def _semi_structured(weight: NMMatrix, pattern: Pattern, dtype: DType, torch_dtype: Any,
+                     copies: int) -> list[Any] | None:
+    """PyTorch's 2:4 semi-structured sparse weight (cuSPARSELt), rotated copies of
+    ``weight``: 2:4 with vector length 1 along K only, at 16 bits; ``None`` where that
+    path does not run."""
     if (pattern.n, pattern.m) != (2, 4) or dtype is DType.F32:
         return None
     import torch
     from torch.sparse import to_sparse_semi_structured
 
+    dense = torch.as_tensor(weight.to_dense().T.astype(np.float32), device="cuda")
+    dense = dense.to(torch_dtype).contiguous()
     try:
-        sparse = [to_sparse_semi_structured(torch.as_tensor(
-            w.to_dense().T.astype(np.float32), device="cuda").to(a.dtype).contiguous())
-            for w in weights]
-        rows = a.shape[0]
-        padded = torch.zeros((max(rows, 32), a.shape[1]), device="cuda", dtype=a.dtype)
-        padded[:rows] = a  # cuSPARSELt wants at least 32 rows of the dense operand
+        return [to_sparse_semi_structured(dense.clone()) for _ in range(copies)]
+    except (RuntimeError, ValueError, TypeError):
+        return None
 
-        def call(i: int) -> Any:
-            return torch.nn.functional.linear(padded, sparse[i % len(sparse)])
 
-        return time_ms(call, repeat=repeat)
+def _semi_ms(a: Any, sparse: list[Any], repeat: int) -> float | None:
+    import torch
+
+    rows = a.shape[0]
+    padded = torch.zeros((max(rows, 32), a.shape[1]), device="cuda", dtype=a.dtype)
+    padded[:rows] = a  # cuSPARSELt wants at least 32 rows of the dense operand
+    try:
+        return time_ms(lambda i: torch.nn.functional.linear(padded, sparse[i % len(sparse)]),
+                       repeat=repeat)
     except (RuntimeError, ValueError, TypeError):
         return None
 

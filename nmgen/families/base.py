@@ -90,8 +90,9 @@ class Family(ABC):
 
     def tunes(self, shape: tuple[int, int, int]) -> bool:
         """Whether a tune that names no family spends trials on this family at ``shape``
-        (M, N, K): a family built for one regime says where it cannot win. Dispatch still
-        serves every shape from the records there are."""
+        (M, N, K): a family built for one regime says where it cannot win. Dispatch runs
+        its exact records anywhere but its nearest ones only here (a decode record is no
+        guide to a prefill shape)."""
         return True
 
     # ------------------------------------------------------------ configuration

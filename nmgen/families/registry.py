@@ -15,6 +15,7 @@ from ..problem import Problem
 from .base import Config, Family
 from .f32_simt import F32_SIMT
 from .gemv import GEMV
+from .mma import MMA
 from .space import ConfigError
 
 ENTRY_POINT_GROUP = "nmgen.families"
@@ -100,4 +101,5 @@ def _load_plugins() -> None:
 
 register(F32_SIMT)
 register(GEMV)
+register(MMA)
 _load_plugins()

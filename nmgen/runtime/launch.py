@@ -453,7 +453,9 @@ def _workspaces(plans: list[BoundPlan], keeper: BoundPlan, a_op: Operand, in_cap
                 specs[space.name] = space
     spaces = {}
     for name, s in specs.items():
-        if s.persistent:
+        if in_capture and a_op.torch:  # from the graph's pool, as torch's own temporaries
+            spaces[name] = _torch_workspace(a_op, s.count, s.dtype, s.zeroed or s.persistent)
+        elif s.persistent:
             key = (name, stream_ptr)
             if key not in keeper.persistent:
                 array, ptr = _workspace(keeper, a_op, in_capture, s.count, s.dtype, True)
@@ -471,21 +473,11 @@ def _addresses(spaces: dict[str, tuple[Any, int]]) -> dict[str, int]:
 
 def _workspace(keeper: BoundPlan, a_op: Operand, in_capture: bool, count: int,
                dtype: np.dtype, zeroed: bool) -> tuple[Any, int]:
-    """(array, address) of a workspace of ``count`` elements on the current stream.
-    Outside graph capture it comes from CuPy's pool, which hands it out again only after
-    the work queued on that stream so far. A captured launch's workspace is written by
-    every replay, long after the call, so it is kept on the plan for as long as the
-    weight (capture a launch once and replay it). For a PyTorch caller it then comes from
-    torch's allocator: inside ``torch.cuda.graph`` that is the graph's own pool, where
-    CuPy's could not allocate."""
-    if in_capture and a_op.torch:
-        import torch
-
-        make = torch.zeros if zeroed else torch.empty
-        tensor = make(count, dtype=torch.int32 if dtype == np.int32 else torch.float32,
-                      device=f"cuda:{a_op.device}")
-        keeper.kept.append(tensor)
-        return tensor, tensor.data_ptr()
+    """(array, address) of a workspace of ``count`` elements on the current stream, from
+    CuPy's pool, which hands it out again only after the work queued on that stream so
+    far. A launch captured into a CUDA graph from CuPy writes its workspace at every
+    replay, long after the call, so it is kept on the plan for as long as the weight
+    (capture a launch once and replay it)."""
     cp = cupy()
     try:
         array = (cp.zeros if zeroed else cp.empty)(count, dtype)
@@ -499,6 +491,21 @@ def _workspace(keeper: BoundPlan, a_op: Operand, in_capture: bool, count: int,
     if in_capture:
         keeper.kept.append(array)
     return array, array.data.ptr
+
+
+def _torch_workspace(a_op: Operand, count: int, dtype: np.dtype, zeroed: bool
+                     ) -> tuple[Any, int]:
+    """A workspace of a launch that a PyTorch caller captures into a CUDA graph: a
+    temporary of the graph's memory pool (``torch.cuda.graph`` and the graph trees of
+    ``torch.compile(mode="reduce-overhead")`` alike), which the graph's later work may
+    reuse once the launch is done, as with torch's own temporaries. One the kernels keep
+    between calls (the split-K tile counters) is zeroed by the graph at every replay."""
+    import torch
+
+    make = torch.zeros if zeroed else torch.empty
+    tensor = make(count, dtype=torch.int32 if dtype == np.int32 else torch.float32,
+                  device=f"cuda:{a_op.device}")
+    return tensor, tensor.data_ptr()
 
 
 def check_placement(a: Operand) -> None:

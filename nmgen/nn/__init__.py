@@ -1,0 +1,41 @@
+"""PyTorch integration: N:M sparse ``Linear`` layers that run through ``nmgen.dispatch``.
+
+- ``SparseLinear.from_dense(linear, "8:32", vec=128)``: one layer, pruned and compressed.
+- ``sparsify(model, "8:32", 128, include=..., exclude=...)``: every matching ``nn.Linear``
+  of a model replaced in place; returns a ``SparsifySummary``.
+- ``torch.ops.nmgen.nm_linear``: the custom op the layers call (``torch.compile`` with
+  ``fullgraph=True`` and CUDA graphs take it); CUDA tensors run nmgen's kernels, CPU
+  tensors a float32 reference.
+- ``save_sparse`` / ``load_sparse``: a pruned model's state through safetensors, loaded
+  into a fresh model without its dense weights; ``state_dict`` round-trips as usual.
+
+Inference only: a layer refuses to run where a gradient is asked of it.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "nmgen.nn needs PyTorch: pip install torch (or pip install -e '.[torch]'); "
+        "the rest of nmgen (import nmgen, nmgen.prune, nmgen.dispatch on CuPy arrays) "
+        "works without it") from exc
+
+from .io import load_sparse, save_sparse
+from .linear import SparseLinear
+from .ops import nm_linear, to_dense
+from .sparsify import LayerChange, SkippedLayer, SparsifySummary, servable, sparsify
+
+__all__ = [
+    "LayerChange",
+    "SkippedLayer",
+    "SparseLinear",
+    "SparsifySummary",
+    "load_sparse",
+    "nm_linear",
+    "save_sparse",
+    "servable",
+    "sparsify",
+    "to_dense",
+]

@@ -1,0 +1,193 @@
+"""``sparsify(model, pattern, vec)``: replace a model's ``nn.Linear`` layers by
+``SparseLinear`` in place, and say what changed (``SparsifySummary``)."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..families.registry import serving
+from ..format import DType, Pattern
+from ..problem import Problem
+from ..shapes import MAX_DIM
+from .linear import SparseLinear
+
+# Which layers: a glob on the layer's dotted name, several (any matches), or a predicate.
+Selector = str | Iterable[str] | Callable[[str, nn.Module], bool]
+
+
+@dataclass(frozen=True)
+class LayerChange:
+    """One replaced layer: its weight and bias before and after, in elements and bytes
+    (its ``state_dict``)."""
+
+    name: str
+    in_features: int
+    out_features: int
+    dtype: str
+    params_before: int
+    params_after: int
+    bytes_before: int
+    bytes_after: int
+
+
+@dataclass(frozen=True)
+class SkippedLayer:
+    """A selected ``nn.Linear`` that nmgen cannot serve, and why."""
+
+    name: str
+    reason: str
+
+
+@dataclass
+class SparsifySummary:
+    """What ``sparsify`` did: the layers replaced, those skipped with the reason, and the
+    totals over the replaced layers. Parameters are weight and bias elements (the kept
+    values after); bytes are those of the layers' state, indices included."""
+
+    pattern: str
+    vec: int
+    replaced: list[LayerChange] = field(default_factory=list)
+    skipped: list[SkippedLayer] = field(default_factory=list)
+
+    @property
+    def params_before(self) -> int:
+        return sum(c.params_before for c in self.replaced)
+
+    @property
+    def params_after(self) -> int:
+        return sum(c.params_after for c in self.replaced)
+
+    @property
+    def bytes_before(self) -> int:
+        return sum(c.bytes_before for c in self.replaced)
+
+    @property
+    def bytes_after(self) -> int:
+        return sum(c.bytes_after for c in self.replaced)
+
+    @property
+    def bytes_saved(self) -> int:
+        return self.bytes_before - self.bytes_after
+
+    def __str__(self) -> str:
+        total = len(self.replaced) + len(self.skipped)
+        lines = [f"sparsify {self.pattern} L={self.vec}: {len(self.replaced)} of {total} "
+                 f"selected Linear layers replaced, {len(self.skipped)} skipped"]
+        if self.replaced:
+            share = self.params_after / max(self.params_before, 1)
+            lines.append(f"  parameters {_count(self.params_before)} -> "
+                         f"{_count(self.params_after)} ({share:.1%}); bytes "
+                         f"{_size(self.bytes_before)} -> {_size(self.bytes_after)} "
+                         f"(saved {_size(self.bytes_saved)})")
+        lines += [f"  skipped {s.name}: {s.reason}" for s in self.skipped]
+        return "\n".join(lines)
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e6:.2f} M" if n >= 1e5 else f"{n:,}"
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB" if n >= 2**17 else f"{n:,} B"
+
+
+# ------------------------------------------------------------------------ selection
+def _matcher(selector: Selector | None, default: bool) -> Callable[[str, nn.Module], bool]:
+    if selector is None:
+        return lambda name, module: default
+    if callable(selector):
+        return selector
+    globs = [selector] if isinstance(selector, str) else list(selector)
+    return lambda name, module: any(fnmatch.fnmatchcase(name, g) for g in globs)
+
+
+def servable(name: str, linear: nn.Module, pattern: Pattern, vec: int,
+             parent: nn.Module | None = None, shared: bool = False) -> str | None:
+    """``None`` where ``sparsify`` can replace ``linear``; otherwise why not."""
+    if type(linear) is not nn.Linear:
+        return (f"{type(linear).__name__} is a subclass of nn.Linear, whose forward may do "
+                "more than x @ W.T + b")
+    if isinstance(parent, nn.MultiheadAttention):
+        return "nn.MultiheadAttention reads its weight directly, not through its forward"
+    weight = linear.weight
+    dtype = DType.of(weight)
+    if dtype is None:
+        return f"dtype {weight.dtype} (nmgen takes float32, bfloat16 and float16)"
+    if weight.device.type not in ("cuda", "cpu"):
+        return (f"on the {weight.device.type} device (nmgen runs CUDA tensors, and CPU "
+                "ones through its reference)")
+    if max(linear.in_features, linear.out_features) > MAX_DIM:
+        return f"a dimension above {MAX_DIM} (the kernels index in 32 bits)"
+    if shared:
+        return "its weight is shared with another module (tied): the dense copy would stay"
+    if not serving(Problem(pattern.n, pattern.m, vec, dtype=dtype)):
+        return f"no kernel family serves {pattern} L={vec} {dtype.value}"
+    return None
+
+
+def _shared_weights(model: nn.Module) -> set[int]:
+    """``id`` of every parameter that more than one module holds."""
+    seen: dict[int, int] = {}
+    for _, param in model.named_parameters(remove_duplicate=False):
+        seen[id(param)] = seen.get(id(param), 0) + 1
+    return {key for key, count in seen.items() if count > 1}
+
+
+# ------------------------------------------------------------------------ sparsify
+def sparsify(model: nn.Module, pattern: str | tuple[int, int] | Pattern, vec: int, *,
+             include: Selector | None = None,
+             exclude: Selector | None = None) -> SparsifySummary:
+    """Replace, in place, every ``nn.Linear`` of ``model`` whose dotted name matches
+    ``include`` (default: all) and not ``exclude`` by ``SparseLinear.from_dense(linear,
+    pattern, vec)``. A selector is a glob (``"*.mlp.*"``), a list of globs, or a
+    predicate ``(name, module) -> bool``. Layers nmgen cannot serve (dtype, device, size,
+    a tied or directly read weight, an ``nn.Linear`` subclass, non-finite values) are
+    left as they are and listed in the summary with the reason."""
+    pat = Pattern.parse(pattern)
+    if isinstance(vec, bool) or not isinstance(vec, int) or vec < 1:
+        raise ValueError(f"vec {vec!r}: the vector length L must be a positive integer")
+    wanted, unwanted = _matcher(include, True), _matcher(exclude, False)
+    summary = SparsifySummary(str(pat), vec)
+    shared = _shared_weights(model)
+    parents = dict(model.named_modules())
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, nn.Linear) or not wanted(name, module) \
+                or unwanted(name, module):
+            continue
+        parent_name, _, attr = name.rpartition(".")
+        parent = parents.get(parent_name) if name else None
+        reason = ("the model itself is the Linear: use SparseLinear.from_dense"
+                  if parent is None else
+                  servable(name, module, pat, vec, parent, id(module.weight) in shared))
+        if reason is None:
+            reason = _replace(summary, parent, attr, name, module, pat, vec)
+        if reason is not None:
+            summary.skipped.append(SkippedLayer(name, reason))
+    return summary
+
+
+def _replace(summary: SparsifySummary, parent: nn.Module, attr: str, name: str,
+             linear: nn.Linear, pattern: Pattern, vec: int) -> str | None:
+    """Put ``linear``'s sparse form in its place and record it; the reason where pruning
+    refuses the weight."""
+    try:
+        layer = SparseLinear.from_dense(linear, pattern, vec, name=name)
+    except (ValueError, TypeError) as exc:
+        return str(exc)
+    setattr(parent, attr, layer)
+    bias = linear.out_features if linear.bias is not None else 0
+    summary.replaced.append(LayerChange(
+        name, linear.in_features, linear.out_features, str(linear.weight.dtype)
+        .removeprefix("torch."), linear.weight.numel() + bias, layer.values.numel() + bias,
+        _bytes(linear.weight) + (_bytes(linear.bias) if linear.bias is not None else 0),
+        layer.state_bytes()))
+    return None
+
+
+def _bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
