@@ -1,13 +1,17 @@
-"""How well the analytic model orders the kernels a tuned database measured: for every
-problem of the current generator on one GPU, the model's estimates of its measured
-kernels against their times. Reports the share of pairs it orders as measured (pairs
-within 3 % of each other left out as noise) and the regret of its pick (measured time of
-the kernel it ranks first over the fastest measured), overall and by pattern and layout.
-``--floor``/``--full-warps`` evaluate other values of the occupancy curve
-(``model.occupancy_efficiency``) on the same records.
+"""How well each family's analytic model orders the kernels a tuned database measured, for
+every problem of the families' current generators on one GPU:
 
-    python tools/model_order_check.py [--db sqlite:///tuned_db/tuned.sqlite] [--gpu h100]
-    python tools/model_order_check.py --floor 0.5 --full-warps 8
+- within a problem: the share of its measured kernels' pairs the model orders as measured
+  (pairs within 3 % of each other left out as noise) and the regret of its pick (measured
+  time of the kernel it ranks first over the fastest measured);
+- across problems: Spearman's rank correlation of the winners' model estimates with their
+  measured times (does the model know which shapes are slow).
+
+A slimmed database (the shipped one keeps each problem's four fastest trials and its
+reference kernel) shows only the top of each search. ``--floor``/``--full-warps`` evaluate
+other values of the FP32 family's occupancy curve on the same records.
+
+    python tools/model_order_check.py [--db sqlite:///nmgen/tuned_db/tuned.sqlite] [--gpu h100]
 """
 
 from __future__ import annotations
@@ -25,20 +29,13 @@ from sqlalchemy.orm import Session
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nmgen.bench.report import markdown_table  # noqa: E402
-from nmgen.families.f32_simt import F32_SIMT, model  # noqa: E402
-from nmgen.families.f32_simt.config import KernelConfig  # noqa: E402
+from nmgen.families.f32_simt import model as f32_model  # noqa: E402
+from nmgen.families.registry import all_families  # noqa: E402
 from nmgen.gpus import gpu_spec  # noqa: E402
 from nmgen.store.database import connect  # noqa: E402
 from nmgen.store.tables import ProblemRow, TrialRow, TrialStatus  # noqa: E402
 
 NOISE = 1.03  # measured pairs closer than this are not counted
-
-
-def measured(session: Session, problem: ProblemRow) -> list[tuple[KernelConfig, float]]:
-    rows = session.scalars(select(TrialRow).where(TrialRow.problem_id == problem.id,
-                                                  TrialRow.status == TrialStatus.OK))
-    return [(KernelConfig.from_name(t.config_row.name), t.time_ms) for t in rows
-            if t.time_ms is not None]
 
 
 def order_stats(times: np.ndarray, predicted: np.ndarray) -> tuple[int, int, float]:
@@ -50,42 +47,56 @@ def order_stats(times: np.ndarray, predicted: np.ndarray) -> tuple[int, int, flo
                                                             / times.min())
 
 
+def spearman(x: list[float], y: list[float]) -> float:
+    rank = lambda v: np.argsort(np.argsort(v)).astype(float)  # noqa: E731 (no ties here)
+    return float(np.corrcoef(rank(x), rank(y))[0, 1]) if len(x) > 2 else float("nan")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--db", default="sqlite:///tuned_db/tuned.sqlite")
+    parser.add_argument("--db", default="sqlite:///nmgen/tuned_db/tuned.sqlite")
     parser.add_argument("--gpu", default="h100")
-    parser.add_argument("--floor", type=float, default=model.OCCUPANCY_FLOOR)
-    parser.add_argument("--full-warps", type=float, default=model.FULL_OCCUPANCY_WARPS)
+    parser.add_argument("--floor", type=float, default=f32_model.OCCUPANCY_FLOOR)
+    parser.add_argument("--full-warps", type=float, default=f32_model.FULL_OCCUPANCY_WARPS)
     args = parser.parse_args()
-    model.OCCUPANCY_FLOOR, model.FULL_OCCUPANCY_WARPS = args.floor, args.full_warps
-    model._fixed.cache_clear()
+    f32_model.OCCUPANCY_FLOOR, f32_model.FULL_OCCUPANCY_WARPS = args.floor, args.full_warps
+    f32_model._fixed.cache_clear()
     gpu = gpu_spec(args.gpu)
-    groups: dict[str, list[tuple[int, int, float]]] = defaultdict(list)
-    with Session(connect(args.db)) as session:
-        for problem in session.scalars(select(ProblemRow).where(
-                ProblemRow.template_hash == F32_SIMT.generator_hash())):
-            if problem.gpu.name != args.gpu:
+    families = {f.generator_hash(): f for f in all_families()}
+    within: dict[str, list[tuple[int, int, float]]] = defaultdict(list)
+    winners: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    with Session(connect(args.db, writable=False)) as session:
+        for problem in session.scalars(select(ProblemRow)):
+            family = families.get(problem.template_hash)
+            if family is None or problem.gpu.name != args.gpu:
                 continue
-            trials = measured(session, problem)
+            trials = [(family.config_from_name(t.config_row.name), t.time_ms)
+                      for t in session.scalars(select(TrialRow).where(
+                          TrialRow.problem_id == problem.id, TrialRow.status == TrialStatus.OK))
+                      if t.time_ms is not None]
             if len(trials) < 2:
                 continue
-            table = model.RankTable([c for c, _ in trials], gpu)
-            known = {c.name: t for c, t in trials}
-            times = np.array([known[c.name] for c in table.configs])
-            predicted = table.predicted_ms(problem.rows, problem.cols, problem.depth)
-            stats = order_stats(times, predicted)
-            groups[f"{problem.n}:{problem.m} L={problem.vec} {problem.a_layout}"].append(stats)
-    print(f"# Model order against {args.db} ({args.gpu}): occupancy floor {args.floor}, "
-          f"full at {args.full_warps} warps\n")
-    everything = [s for stats in groups.values() for s in stats]
+            shape = (problem.rows, problem.cols, problem.depth)
+            times = np.array([t for _, t in trials])
+            predicted = np.array([family.estimate_ms(c, gpu, shape) for c, _ in trials])
+            label = f"{family.name} {problem.dtype}"
+            within[label].append(order_stats(times, predicted))
+            best = int(np.argmin(times))
+            winners[label][0].append(float(predicted[best]))
+            winners[label][1].append(float(times[best]))
+    print(f"# Model order against {args.db} ({args.gpu})\n")
     rows = []
-    for label, stats in [*sorted(groups.items()), ("all", everything)]:
+    for label in sorted(within):
+        stats = within[label]
         concordant, counted = sum(s[0] for s in stats), sum(s[1] for s in stats)
         regrets = [s[2] for s in stats]
-        rows.append([f"{label} ({len(stats)})", f"{concordant / max(counted, 1):.3f} of {counted}",
+        rows.append([f"{label} ({len(stats)})", f"{spearman(*winners[label]):.3f}",
+                     f"{concordant / max(counted, 1):.3f} of {counted}",
                      f"{statistics.median(regrets):.3f} / {max(regrets):.3f}"])
-    print(markdown_table(["problems", "pairs ordered as measured",
-                          "pick's regret (median / max)"], rows), end="")
+    print(markdown_table(["family, dtype (problems)", "winners: rank correlation with time",
+                          "pairs ordered as measured", "pick's regret (median / max)"], rows),
+          end="")
+
 
 if __name__ == "__main__":
     main()
