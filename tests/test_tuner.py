@@ -201,11 +201,14 @@ def test_seed_table_is_kept_on_disk(tmp_path, monkeypatch):
     """The model's table of a space is built once a machine and read back by the next
     process (past the in-process cache here), ranking alike; a broken file is rebuilt."""
     from nmgen.cache import cache_file
-    from nmgen.tune.tuner import _seed_table
+    from nmgen.tune.tuner import _seed_table, _seed_table_of
 
     monkeypatch.setenv("NMGEN_CACHE_DIR", str(tmp_path))
     task = task_of("h100", 2, 4, 16, ALayout.ROW_MAJOR, 64, 256, 512)
-    build = _seed_table.__wrapped__
+
+    def build(t):
+        return _seed_table_of.__wrapped__(t.family, t.gpu, t.problem, t.space)
+
     fresh = build(task)
     sources = F32_SIMT.source_files()
     path = cache_file("rank", ("f32", task.gpu, task.problem, task.space), sources)
@@ -215,6 +218,9 @@ def test_seed_table_is_kept_on_disk(tmp_path, monkeypatch):
         assert again is not fresh and again.configs == fresh.configs
         assert again.rank(300, 200, 100) == fresh.rank(300, 200, 100)
         path.write_bytes(b"not a pickle")
+    # in memory, one table serves every shape of a problem
+    assert _seed_table(task) is _seed_table(task_of("h100", 2, 4, 16, ALayout.ROW_MAJOR,
+                                                     128, 512, 256))
     other = task_of("a100", 2, 4, 16, ALayout.ROW_MAJOR, 64, 256, 512)
     assert cache_file("rank", ("f32", other.gpu, other.problem, other.space),
                       sources) != path

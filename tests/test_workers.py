@@ -619,3 +619,15 @@ def test_a_waiting_worker_says_whose_trials_it_waits_for(tmp_path):
     assert not thread.is_alive() and reports[0].complete == 1
     done = other.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     assert len(done) == 8
+
+
+def test_cross_check_share_gives_every_problem_to_one_worker():
+    """Once every study is complete, the workers split the cross-check: each problem is
+    checked by exactly one of them, and the shares differ by at most one problem."""
+    from nmgen.tune.workers import cross_check_share
+
+    tasks = [f"t{i}" for i in range(11)]
+    for count in (1, 2, 3, 4):
+        shares = [cross_check_share(tasks, i, count) for i in range(count)]
+        assert sorted(t for share in shares for t in share) == sorted(tasks)
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1

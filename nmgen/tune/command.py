@@ -119,7 +119,8 @@ def tune_here(args: argparse.Namespace, tasks: list, db_url: str, storage_url: s
         closing = time.monotonic()
         tuner.close()
     print(f"{prefix}worked on {report.studies} problems; {report.complete} of "
-          f"{report.total} complete; {report.seconds:.1f} s ({report.phases}); "
+          f"{report.total} complete; {report.seconds:.1f} s ({report.phases}, other "
+          f"{report.seconds - report.phases.total():.2f} s); "
           f"compile processes closed in {time.monotonic() - closing:.1f} s; "
           f"results in {db_url}")
     if (summary := tuner.compile_summary()) is not None:
