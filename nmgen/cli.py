@@ -206,19 +206,18 @@ def _bench(args: argparse.Namespace) -> int:
     from .bench.results import summary_table
     from .bench.run import bench_to_dir
 
-    if args.decode:
+    if args.decode or DType.parse(args.dtype) is not DType.F32:  # against PyTorch's GEMM
         from .bench.decode import decode_bench_to_dir
         from .bench.decode import summary_table as decode_table
 
         rows, paths = decode_bench_to_dir(
             read_shapes(args.shapes), _patterns(args.pattern), args.vec,
             DType.parse(args.dtype), args.db, args.out, args.repeat,
-            "nmgen " + " ".join(sys.argv[1:]), args.quiet)
+            "nmgen " + " ".join(sys.argv[1:]), args.quiet, ALayout(args.layout),
+            not args.no_plots)
         print(decode_table(rows))
         print("\n".join(str(p) for p in paths))
         return 0
-    if DType.parse(args.dtype) is not DType.F32:
-        raise ValueError("the bench of large M is FP32 for now; --decode measures any dtype")
 
     rows, paths = bench_to_dir(read_shapes(args.shapes), _patterns(args.pattern), args.vec,
                                ALayout(args.layout), args.db, args.out, args.repeat,
@@ -403,8 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="small M as a model runs it: weights out of L2 between calls, "
                        "bandwidth against a device copy, cuBLAS at --dtype and, for 2:4, "
                        "PyTorch's semi-structured sparse path")
-    bench.add_argument("--dtype", default="f32", help="with --decode: f32, bf16 or f16 "
-                       "(default: %(default)s)")
+    bench.add_argument("--dtype", default="f32", help="f32, bf16 or f16; bf16 and f16 (and "
+                       "--decode) time PyTorch's dense GEMM of that dtype as the baseline, "
+                       "any M (default: %(default)s)")
     _add_quiet(bench)
     bench.set_defaults(run=_bench)
 

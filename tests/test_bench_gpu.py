@@ -115,3 +115,21 @@ def test_decode_bench_rows_are_checked_and_complete():
         assert row.rel_error < 2e-2 and row.nmgen_ms > 0 and row.baseline_ms > 0
         assert row.dtype == "bf16" and row.pattern == "2:4"
     assert any(r.semi_ms for r in rows)  # cuSPARSELt runs 2:4 at 16 bits here
+
+
+def test_bf16_bench_of_prefill_sizes_takes_both_layouts():
+    """`nmgen bench --dtype bf16` past decode sizes: rows checked, K-major A labelled."""
+    pytest.importorskip("torch")
+    from nmgen.bench.decode import run_decode_bench
+    from nmgen.dispatch import Dispatcher
+    from nmgen.format import DType, Pattern
+    from nmgen.problem import ALayout
+
+    shapes = [(300, 256, 512), (129, 200, 384)]
+    for layout in ALayout:
+        rows = run_decode_bench(shapes, [Pattern(8, 32)], 128, DType.BF16, Dispatcher([]),
+                                repeat=3, log=lambda s: None, layout=layout)
+        assert [(r.M, r.N, r.K) for r in rows] == shapes
+        for row in rows:
+            assert row.layout == layout.value and row.rel_error < 2e-2
+            assert row.nmgen_ms > 0 and row.baseline_ms > 0 and row.semi_ms is None

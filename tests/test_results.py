@@ -124,3 +124,22 @@ def test_by_m_tables(tmp_path):
     write_all(ROWS, tmp_path)
     md = (tmp_path / "bench.md").read_text()
     assert "## Geomean dense-equivalent TFLOP/s by M\n\n" + rate in md
+
+
+def test_bf16_bench_plot_and_table_from_rows(tmp_path):
+    """The 16-bit bench's plot (one panel a pattern, semi-structured 2:4 where it ran) and
+    summary table, from rows alone (no GPU)."""
+    pytest.importorskip("matplotlib")
+    from nmgen.bench.decode import DecodeRow, speedup_plot, summary_table
+
+    def row(pattern: str, m: int, ms: float, semi: float | None) -> DecodeRow:
+        return DecodeRow(pattern, 128, "rm", "bf16", m, 4096, 4096, ms, 1.0, semi,
+                         1 << 20, 3000.0, 1e-3, "model", "cfg")
+
+    rows = [row("2:4", 1024, 0.8, 0.9), row("2:4", 2048, 0.7, 0.95),
+            row("8:32", 1024, 0.4, None), row("8:32", 2048, 0.5, None)]
+    png = speedup_plot(rows, tmp_path / "speedup.png", "test")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    table = summary_table(rows)
+    assert "| 8:32 | 128 | bf16 | 1024 | 1 | 2.50x |" in table
+    assert "| 2:4 | 128 | bf16 | 2048 | 1 | 1.43x |" in table and "1.36x" in table

@@ -1,7 +1,9 @@
-"""``nmgen bench --decode``: small M (token-by-token generation) measured as a model runs
-it. A model's layers are far larger than L2 together, so each timed call reads a weight
-that is not in L2: the bench rotates through enough copies of each weight (nmgen's and the
-dense baseline's) that they span twice the L2. Reported beside the time: the compressed
+"""``nmgen bench --decode`` and ``nmgen bench --dtype bf16|f16``: nmgen against PyTorch's
+dense GEMM at the same dtype, measured as a model runs it; small M (token-by-token
+generation) and, at 16 bits, any M (prefill). A model's layers are far larger than L2
+together, so each timed call reads a weight that is not in L2: the bench rotates through
+enough copies of each weight (nmgen's and the dense baseline's) that they span twice the
+L2 (one copy where a weight alone is larger). Reported beside the time: the compressed
 bytes (values and indices) over it, against the bandwidth of a device copy measured in the
 same process, and the dense GEMM of cuBLAS at the same dtype (through PyTorch, the faster of
 ``matmul`` and ``F.linear``: SGEMM with TF32 off for FP32) and, for 2:4 at 16 bits,
@@ -22,7 +24,7 @@ import numpy as np
 
 from ..dispatch import Dispatcher
 from ..format import DType, NMMatrix, Pattern
-from ..problem import Problem
+from ..problem import ALayout, Problem
 from ..runtime.check import random_weight, tolerance
 from ..runtime.device import device_info
 from ..runtime.timing import time_ms
@@ -37,7 +39,7 @@ CSV_DTYPE = {DType.F32: "fp32", DType.BF16: "bf16", DType.F16: "fp16"}
 class DecodeRow:
     pattern: str
     vec: int
-    layout: str  # of A: rm (row-major M×K)
+    layout: str  # of A: rm (row-major M×K) or km (K-major: a K×M array's M×K view)
     dtype: str  # fp32, bf16 or fp16
     M: int
     N: int
@@ -89,14 +91,21 @@ def _copies(weight_bytes: int) -> int:
 def run_decode_bench(shapes: Sequence[Shape], patterns: Sequence[Pattern], vec: int,
                      dtype: DType, dispatcher: Dispatcher, repeat: int = 30,
                      on_row: Callable[[list[DecodeRow]], None] = lambda rows: None,
-                     log: Callable[[str], None] = print) -> list[DecodeRow]:
+                     log: Callable[[str], None] = print,
+                     layout: ALayout = ALayout.ROW_MAJOR) -> list[DecodeRow]:
     """Every shape at every pattern; the weights of one (pattern, N, K) are made once and
-    serve each M of the shapes file."""
+    serve each M of the shapes file. The kernels dispatch picks compile first, in
+    parallel."""
     import torch
+
+    from .run import precompile
 
     torch.backends.cuda.matmul.allow_tf32 = False  # FP32 is SGEMM, as in the FP32 bench
     bandwidth = copy_gbs()
     log(f"device copy: {bandwidth:.0f} GB/s")
+    errors = precompile(dispatcher, patterns, vec, shapes, layout, dtype=dtype)
+    if errors:
+        raise RuntimeError("kernels failed to compile: " + "; ".join(errors[:3]))
     rows: list[DecodeRow] = []
     rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
     torch_dtype = {DType.F32: torch.float32, DType.BF16: torch.bfloat16,
@@ -106,7 +115,7 @@ def run_decode_bench(shapes: Sequence[Shape], patterns: Sequence[Pattern], vec: 
         for (cols, depth), group in _by_weight(shapes).items():
             weights = _Weights.make(rng, pattern, vec, cols, depth, dtype, torch_dtype)
             for m_rows in group:
-                row = _one(dispatcher, weights, m_rows, bandwidth, repeat)
+                row = _one(dispatcher, weights, m_rows, bandwidth, repeat, layout)
                 rows.append(row)
                 on_row(rows)
                 log(f"[{len(rows)}/{total}] {pattern} {(m_rows, cols, depth)}: "
@@ -168,25 +177,27 @@ class _Weights:
 
 
 def _one(dispatcher: Dispatcher, weights: _Weights, m_rows: int, bandwidth: float,
-         repeat: int) -> DecodeRow:
+         repeat: int, layout: ALayout = ALayout.ROW_MAJOR) -> DecodeRow:
     import torch
 
     cols, depth = weights.shape
     nm, dtype = weights.nm, weights.dtype
     a = torch.randn(m_rows, depth, device="cuda").to(weights.dense_kn[0].dtype)
+    if layout is ALayout.K_MAJOR:  # the same values, held K×M; cuBLAS times its M×K view
+        a = a.T.contiguous().T
     out = torch.empty(m_rows, cols, device="cuda", dtype=a.dtype)
     error = _error(dispatcher, a, nm[0], weights.reference, out)
     for weight in nm[1:]:  # each copy laid out on the device before the timing
         dispatcher(a, weight, out=out)
     nmgen_ms = time_ms(lambda i: dispatcher(a, nm[i % len(nm)], out=out), repeat=repeat)
-    problem = Problem(weights.pattern.n, weights.pattern.m, weights.vec,
+    problem = Problem(weights.pattern.n, weights.pattern.m, weights.vec, layout,
                       arch=device_info().arch, dtype=dtype)
     decision = dispatcher.decide(problem, (m_rows, cols, depth))
     baseline_ms = _dense_ms(a, out, weights, repeat)
     semi_ms = _semi_ms(a, weights.semi, repeat) if weights.semi else None
     size = compressed_bytes((m_rows, cols, depth), weights.pattern, weights.vec, dtype)
-    return DecodeRow(str(weights.pattern), weights.vec, "rm", CSV_DTYPE[dtype], m_rows, cols,
-                     depth, nmgen_ms, baseline_ms, semi_ms, size, bandwidth, error,
+    return DecodeRow(str(weights.pattern), weights.vec, layout.value, CSV_DTYPE[dtype], m_rows,
+                     cols, depth, nmgen_ms, baseline_ms, semi_ms, size, bandwidth, error,
                      decision.source, decision.config.name)
 
 
@@ -274,10 +285,43 @@ def summary_table(rows: Sequence[DecodeRow]) -> str:
                            "time / floor", "of copy bandwidth", "over semi-structured"], cells)
 
 
+def speedup_plot(rows: Sequence[DecodeRow], path: Path, title: str) -> Path:
+    """Speedup over the dense GEMM of the same dtype, shape by shape (file order), one
+    panel a pattern, with the ideal (m/n) and PyTorch's semi-structured 2:4 where it ran."""
+    from .plots import _pyplot
+
+    plt = _pyplot()
+    patterns = list(dict.fromkeys(r.pattern for r in rows))
+    fig, axes = plt.subplots(len(patterns), 1, figsize=(12, 2.8 * len(patterns)),
+                             squeeze=False, sharex=True)
+    for ax, pattern in zip(axes[:, 0], patterns, strict=True):
+        sel = [r for r in rows if r.pattern == pattern]
+        x = range(len(sel))
+        ideal = Pattern.parse(pattern).m / Pattern.parse(pattern).n
+        ax.bar(x, [r.speedup for r in sel], color="tab:blue", label=f"nmgen ({sel[0].dtype})")
+        ax.axhline(ideal, color="tab:red", linestyle="--", label=f"ideal {ideal:.3g}x")
+        semi = [(i, r.baseline_ms / r.semi_ms) for i, r in enumerate(sel) if r.semi_ms]
+        if semi:
+            ax.plot(*zip(*semi, strict=True), "g.", markersize=5, label="semi-structured 2:4")
+        ax.axhline(1.0, color="gray", linewidth=0.8)
+        ax.set_ylim(0, max([ideal] + [r.speedup for r in sel]) * 1.3)
+        ax.set_ylabel(f"{pattern}\nover dense")
+        ax.legend(loc="upper left", fontsize=7, ncol=3)
+    axes[-1, 0].set_xlabel("shape (order of the shapes file)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def decode_bench_to_dir(shapes: Sequence[Shape], patterns: Sequence[Pattern], vec: int,
                         dtype: DType, db_url: str | None, out: Path, repeat: int,
-                        command: str, quiet: bool = False) -> tuple[list[DecodeRow], list[Path]]:
-    """``nmgen bench --decode``: the run, ``bench.csv`` and ``bench.md`` in ``out``."""
+                        command: str, quiet: bool = False,
+                        layout: ALayout = ALayout.ROW_MAJOR, plots: bool = True
+                        ) -> tuple[list[DecodeRow], list[Path]]:
+    """``nmgen bench --decode`` (or a 16-bit dtype): the run, ``bench.csv``, ``bench.md``
+    and ``bench.json`` in ``out``."""
     import json
     import time
 
@@ -292,12 +336,17 @@ def decode_bench_to_dir(shapes: Sequence[Shape], patterns: Sequence[Pattern], ve
         rows = run_decode_bench(shapes, patterns, vec, dtype, dispatcher, repeat,
                                 on_row=lambda r: (write_csv(r, out / "bench.csv"),
                                                   bar.advance()),
-                                log=lambda s: print(s, flush=True))
+                                log=lambda s: print(s, flush=True), layout=layout)
     table = summary_table(rows)
-    (out / "bench.md").write_text(f"## Decode: {dtype.value}, L = {vec}\n\n{table}")
+    (out / "bench.md").write_text(f"## {CSV_DTYPE[dtype]}, L = {vec}, A {layout.value}\n\n"
+                                  f"{table}")
     info = device_info()
     (out / "bench.json").write_text(json.dumps({
         "device": info.name, "cuda_runtime": info.cuda_version, "command": command,
         "seconds": round(time.monotonic() - start, 1),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, indent=2) + "\n")
-    return rows, [out / "bench.csv", out / "bench.md", out / "bench.json"]
+    paths = [out / "bench.csv", out / "bench.md", out / "bench.json"]
+    if plots and rows:
+        paths.append(speedup_plot(rows, out / "speedup.png", f"nmgen {CSV_DTYPE[dtype]}, "
+                                  f"L = {vec}, A {layout.value}, over dense on {info.name}"))
+    return rows, paths

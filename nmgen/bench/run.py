@@ -17,7 +17,7 @@ from ..build.pool import CompilePool
 from ..dispatch import Dispatcher, gpu_name
 from ..families.base import Config
 from ..families.registry import family_of, serving
-from ..format import NMMatrix, Pattern
+from ..format import DType, NMMatrix, Pattern
 from ..gpus import spec_or_h100
 from ..problem import ALayout, Problem
 from ..progress import Progress
@@ -30,18 +30,19 @@ from .dense import Dense, dense_gemm
 from .results import RTOL, BenchRow
 
 
-def _problem(p: Pattern, vec: int, layout: ALayout) -> Problem:
-    return Problem(p.n, p.m, vec, layout, device_info().arch)
+def _problem(p: Pattern, vec: int, layout: ALayout, dtype: DType = DType.F32) -> Problem:
+    return Problem(p.n, p.m, vec, layout, device_info().arch, dtype)
 
 
 def precompile(dispatcher: Dispatcher, patterns: Sequence[Pattern], vec: int,
                shapes: Sequence[Shape], layout: ALayout = ALayout.ROW_MAJOR,
-               workers: int = 16) -> list[str]:
+               workers: int = 16, dtype: DType = DType.F32) -> list[str]:
     """Compile every kernel dispatch will pick, in parallel, before anything is timed."""
-    configs = {c.name: c for p in patterns for c in _references(_problem(p, vec, layout))}
+    configs = {c.name: c for p in patterns
+               for c in _references(_problem(p, vec, layout, dtype))}
     for p in patterns:
         for shape in shapes:
-            config = dispatcher.decide(_problem(p, vec, layout), shape).config
+            config = dispatcher.decide(_problem(p, vec, layout, dtype), shape).config
             configs[config.name] = config
     with CompilePool(workers) as pool:
         return pool.compile(list(configs.values()))
