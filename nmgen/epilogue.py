@@ -27,6 +27,16 @@ class Activation(str, Enum):
     GELU_TANH = "gelu_tanh"  # the tanh approximation: nn.GELU(approximate="tanh")
     SILU = "silu"  # x * sigmoid(x): nn.SiLU()
 
+    @classmethod
+    def parse(cls, value: Activation | str | None) -> Activation:
+        """An activation from its name (``None``: none), or ``ValueError`` naming those
+        taken."""
+        try:
+            return cls(value or cls.NONE)
+        except ValueError:
+            raise ValueError(f"activation {value!r}: expected one of "
+                             f"{', '.join(a.value for a in cls)}") from None
+
 
 @dataclass(frozen=True)
 class Epilogue:
@@ -38,12 +48,7 @@ class Epilogue:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bias", bool(self.bias))
-        try:
-            object.__setattr__(self, "activation", Activation(self.activation))
-        except ValueError:
-            allowed = ", ".join(a.value for a in Activation)
-            raise ValueError(f"activation {self.activation!r}: expected one of "
-                             f"{allowed}") from None
+        object.__setattr__(self, "activation", Activation.parse(self.activation))
 
     def __bool__(self) -> bool:
         return self.bias or self.activation is not Activation.NONE
@@ -102,7 +107,7 @@ def apply_reference(out: Any, bias: Any, activation: Activation | str | None) ->
     xp = array_module(out)
     if bias is not None:
         out = out + xp.asarray(bias).astype(xp.float64)
-    act = Activation(activation or Activation.NONE)
+    act = Activation.parse(activation)
     if act is Activation.RELU:
         return xp.where(out < 0, 0.0, out)
     if act is Activation.GELU:

@@ -120,10 +120,9 @@ class SparseLinear(nn.Module):
     @activation.setter
     def activation(self, value: str) -> None:
         try:
-            self._activation = Activation(value)
-        except ValueError:
-            raise ValueError(f"{self._title()}: activation {value!r}; expected one of "
-                             f"{', '.join(a.value for a in Activation)}") from None
+            self._activation = Activation.parse(value)
+        except ValueError as exc:
+            raise ValueError(f"{self._title()}: {exc}") from None
 
     @property
     def meta(self) -> tuple[int, int, int, int, int]:

@@ -58,10 +58,9 @@ def check_call(x: torch.Tensor, values: torch.Tensor, indices: torch.Tensor,
     the activation asked for."""
     Pattern(n, m)
     try:
-        act = Activation(activation)
-    except ValueError:
-        raise ValueError(f"{OP_NAME}: activation {activation!r}; expected one of "
-                         f"{', '.join(a.value for a in Activation)}") from None
+        act = Activation.parse(activation)
+    except ValueError as exc:
+        raise ValueError(f"{OP_NAME}: {exc}") from None
     if vec < 1 or k < 1:
         raise ValueError(f"{OP_NAME}: vec = {vec} and K = {k} must be >= 1")
     if values.dim() != 2 or indices.dim() != 2:
