@@ -261,6 +261,7 @@ class Kernel:
         self._a_checked: dict[tuple, tuple[int, int]] = {}
         self._out_checked: set[tuple] = set()
         self._bias_checked: set[tuple] = set()
+        self._adds_bias = epilogue_of(config).bias
         self._instead: dict[str, Kernel] = {}
         # A plan's chunks run pipelined on two streams; False: one after another on the
         # caller's stream, unchunked (comparisons of the two).
@@ -410,13 +411,12 @@ class Kernel:
     def _bias(self, bias: Any, a_op: Operand, cols: int) -> int:
         """The address of ``bias``, checked against the kernel's epilogue: ``N`` values
         in its dtype, contiguous, on ``a``'s device; 0 where the kernel adds none."""
-        adds = epilogue_of(self.config).bias
         if bias is None:
-            if adds:
+            if self._adds_bias:
                 raise ValueError(f"kernel {self.name} adds a bias: pass bias= ({cols} "
                                  f"{self.config.dtype.value} values)")
             return 0
-        if not adds:
+        if not self._adds_bias:
             raise ValueError(f"kernel {self.name} adds no bias; its configuration's "
                              "epilogue must include one (e.g. epilogue='bias')")
         op = operand(bias, "bias")
