@@ -12,7 +12,7 @@ from typing import Any
 
 import jinja2
 
-from .families.base import Config
+from .families.base import SHARED_TEMPLATES, Config
 from .families.registry import family_of
 from .version import __version__
 
@@ -48,7 +48,7 @@ def source_hash(code: str) -> str:
 @functools.cache
 def _environment(folder: Path) -> jinja2.Environment:
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(folder),
+        loader=jinja2.FileSystemLoader([folder, SHARED_TEMPLATES]),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,

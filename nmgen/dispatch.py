@@ -9,10 +9,15 @@ where two families hold the same shape, the faster; the model's estimates come l
 user's database comes first, then the one shipped with nmgen. A fallback is counted and
 warned about once per problem. Decisions and compiled kernels are cached in the process,
 so the steady-state cost of a call is a dictionary lookup and a launch.
+
+``bias=`` and ``activation=`` ask for an epilogue (``nmgen.epilogue``): the decision's
+configuration with it, or, where its family cannot take it, the next decision's in the
+order above that can.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import warnings
@@ -21,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .epilogue import NO_EPILOGUE, Activation, Epilogue
 from .families.base import Config, Family
-from .families.registry import serving
+from .families.registry import family_of, serving
 from .format import NMMatrix
 from .gpus import spec_or_h100, table_name
 from .policy import best_per_problem
@@ -62,6 +68,7 @@ class Dispatcher:
         self._device = device
         self._engines: list[Any] | None = None
         self._decisions: dict[tuple, Decision] = {}
+        self._ranked: dict[tuple, list[Decision]] = {}
         self._fast: dict[tuple, tuple[Kernel, str]] = {}
         self._kernels: dict[str, Kernel] = {}
         self._warned: set[tuple] = set()
@@ -79,16 +86,26 @@ class Dispatcher:
             self._engines = [connect(u, writable=False) for u in urls]
         return self._engines
 
-    def decide(self, problem: Problem, shape: tuple[int, int, int]) -> Decision:
-        cached = self._decisions.get((problem, shape))
+    def decide(self, problem: Problem, shape: tuple[int, int, int],
+               epilogue: Epilogue = NO_EPILOGUE) -> Decision:
+        """The kernel for ``problem`` at ``shape`` (M, N, K), with ``epilogue``."""
+        key = (problem, shape, epilogue)
+        cached = self._decisions.get(key)
         if cached is not None:
             return cached
         with self._lock:
-            decision = self._lookup(problem, shape)
-            self._decisions[(problem, shape)] = decision
+            decision = self._with_epilogue(self._ranking(problem, shape), problem, epilogue)
+            self._decisions[key] = decision
             return decision
 
-    def _lookup(self, problem: Problem, shape: tuple[int, int, int]) -> Decision:
+    def _ranking(self, problem: Problem, shape: tuple[int, int, int]) -> list[Decision]:
+        """Each serving family's decision, best first (``Decision.rank``)."""
+        ranked = self._ranked.get((problem, shape))
+        if ranked is None:
+            ranked = self._ranked[(problem, shape)] = self._lookup(problem, shape)
+        return ranked
+
+    def _lookup(self, problem: Problem, shape: tuple[int, int, int]) -> list[Decision]:
         families = serving(problem)
         if not families:
             raise ValueError(f"no kernel family serves {problem}")
@@ -96,7 +113,20 @@ class Dispatcher:
         if not found:
             raise ValueError(f"no kernel of the families serving {problem} fits it "
                              f"({', '.join(f.name for f in families)})")
-        return min(found, key=Decision.rank)
+        return sorted(found, key=Decision.rank)
+
+    @staticmethod
+    def _with_epilogue(ranked: list[Decision], problem: Problem,
+                       epilogue: Epilogue) -> Decision:
+        """The best decision whose configuration takes ``epilogue``, with it."""
+        if not epilogue:
+            return ranked[0]
+        for decision in ranked:
+            config = family_of(decision.config).with_epilogue(decision.config, epilogue)
+            if config is not None:
+                return dataclasses.replace(decision, config=config)
+        raise ValueError(f"no kernel family serving {problem} takes the epilogue "
+                         f"{epilogue.tag!r} ({', '.join(d.config.family for d in ranked)})")
 
     @property
     def device(self) -> DeviceInfo:
@@ -131,20 +161,23 @@ class Dispatcher:
                 kernel = self._kernels.setdefault(config.name, Kernel(config))
         return kernel
 
-    def __call__(self, a: Any, b: NMMatrix, out: Any = None, *, stream: Any = None) -> Any:
+    def __call__(self, a: Any, b: NMMatrix, out: Any = None, *, bias: Any = None,
+                 activation: Activation | str | None = None, stream: Any = None) -> Any:
         a_op = operand(a, "a")
         # Hot path: one dictionary lookup on what the decision depends on.
         fast = (a_op.device, a_op.shape, a_op.strides, a_op.dtype, b.n, b.m, b.vec, b.shape,
-                b._values.dtype)
+                b._values.dtype, bias is not None, activation)
         hit = self._fast.get(fast)
         if hit is None:
-            hit = self._fast[fast] = self._choose(a_op, b)
+            hit = self._fast[fast] = self._choose(a_op, b, Epilogue.of(bias is not None,
+                                                                        activation))
         kernel, source = hit
         with self._count_lock:  # Counter's += is a read-modify-write
             self.counts[source] += 1
-        return kernel.run(a, a_op, b, out, stream)
+        return kernel.run(a, a_op, b, out, stream, bias)
 
-    def _choose(self, a_op: Any, b: NMMatrix) -> tuple[Kernel, str]:
+    def _choose(self, a_op: Any, b: NMMatrix, epilogue: Epilogue = NO_EPILOGUE
+                ) -> tuple[Kernel, str]:
         if a_op.dtype is not b.dtype:
             raise TypeError(f"a is {a_op.dtype_name} but b holds {b.dtype.value} values: "
                             "pass activations in the weight's dtype")
@@ -152,7 +185,7 @@ class Dispatcher:
                                                      b.dtype.itemsize),
                           self.device.arch, b.dtype)
         shape = (a_op.shape[0], b.shape[1], b.shape[0])
-        decision = self.decide(problem, shape)
+        decision = self.decide(problem, shape, epilogue)
         if decision.source != "exact":
             self._warn_once(problem, shape, decision)
         return self.kernel(decision.config), decision.source
@@ -211,9 +244,13 @@ def default_dispatcher() -> Dispatcher:
     return _default
 
 
-def dispatch(a: Any, b: NMMatrix, out: Any = None, *, stream: Any = None) -> Any:
-    """``a @ b`` with the best known kernel; see the module docstring."""
-    return default_dispatcher()(a, b, out=out, stream=stream)
+def dispatch(a: Any, b: NMMatrix, out: Any = None, *, bias: Any = None,
+             activation: Activation | str | None = None, stream: Any = None) -> Any:
+    """``activation(a @ b + bias)`` with the best known kernel, the bias (``N`` values in
+    ``b``'s dtype) and the activation (``"relu"``, ``"gelu"``, ``"gelu_tanh"``, ``"silu"``)
+    in its epilogue where given; see the module docstring."""
+    return default_dispatcher()(a, b, out=out, bias=bias, activation=activation,
+                                stream=stream)
 
 
 def dispatch_stats() -> dict[str, int]:

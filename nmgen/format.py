@@ -23,6 +23,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from .epilogue import Activation, apply_reference, array_module
+
 _PATTERN_RE = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
 MAX_M = 256  # indices are stored as uint8
 
@@ -441,14 +443,16 @@ def prune(
     return NMMatrix(values, indices.astype(np.uint8), pat, vec, (k, n_cols))
 
 
-def reference(a: Any, b: NMMatrix) -> Any:
-    """``a @ b`` in float64, computed from the compressed form (never densified).
+def reference(a: Any, b: NMMatrix, bias: Any = None,
+              activation: Activation | str | None = None) -> Any:
+    """``a @ b`` in float64, computed from the compressed form (never densified); with
+    ``bias`` (``N`` values) added and ``activation`` applied, in float64 (``nmgen.epilogue``).
 
     ``a`` is ``M×K`` (NumPy, CuPy or PyTorch). With a CuPy array the product runs on the
     GPU in float64 and a CuPy array comes back; otherwise NumPy.
     """
-    xp = _array_module(a)
-    a64 = xp.asarray(a if xp is not np else to_numpy(a), dtype=xp.float64)
+    xp = array_module(a)
+    a64 = _float64(a, xp)
     if a64.ndim != 2 or a64.shape[1] != b.shape[0]:
         raise ValueError(f"a has shape {tuple(a64.shape)}; b is {b.shape[0]}×{b.shape[1]}")
     k = b.shape[0]
@@ -460,12 +464,18 @@ def reference(a: Any, b: NMMatrix) -> Any:
         gathered = a64[:, xp.asarray(rows[live, q])]
         cols = slice(q * b.vec, (q + 1) * b.vec)
         out[:, cols] = gathered @ values[xp.asarray(np.nonzero(live)[0]), cols]
-    return out[:, : b.shape[1]]
+    out = out[:, : b.shape[1]]
+    if bias is not None and tuple(bias.shape) != (b.shape[1],):
+        raise ValueError(f"bias has shape {tuple(bias.shape)}; b has {b.shape[1]} columns")
+    return apply_reference(out, None if bias is None else _float64(bias, xp), activation)
 
 
-def _array_module(a: Any) -> Any:
-    """CuPy for a CuPy array (the module it came from: format imports no GPU library),
-    else NumPy."""
-    if hasattr(a, "__cuda_array_interface__") and type(a).__module__.startswith("cupy"):
-        return importlib.import_module("cupy")
-    return np
+def _float64(x: Any, xp: Any) -> Any:
+    """``x`` (NumPy, CuPy or PyTorch) as a float64 array of ``xp``: on the device where
+    ``xp`` is CuPy and ``x`` is there already."""
+    if xp is not np:
+        if getattr(x, "is_cuda", False):  # a CUDA torch tensor (bfloat16 included)
+            return xp.asarray(x.double())
+        if array_module(x) is xp:
+            return x.astype(xp.float64)
+    return xp.asarray(np.asarray(to_numpy(x), dtype=np.float64))

@@ -151,3 +151,31 @@ def test_dispatch_of_a_problem_no_family_fits_names_it(monkeypatch):
     with pytest.raises(ValueError, match="no kernel of the families serving 2:4 L=7"):
         dispatcher.decide(nmgen.Problem(2, 4, 7), (64, 64, 64))
     assert "| dispatch of a problem no kernel fits |" in DOC
+
+
+def test_a_bias_that_does_not_fit_the_kernel_is_refused():
+    from nmgen.runtime.device import Operand
+    from nmgen.runtime.launch import check_bias
+
+    config = nmgen.KernelConfig(2, 4, 16, 64, 64, 16, 4, 4, epilogue="bias")
+    a = Operand(0, (8, 64), (256, 4), 0, nmgen.DType.F32, False, "float32")
+
+    def bias(shape, strides, dtype=nmgen.DType.F32):
+        return Operand(0, shape, strides, 0, dtype, False, "x")
+
+    with pytest.raises(ValueError, match="bias has shape"):
+        check_bias(bias((31,), (4,)), a, 32, config)
+    with pytest.raises(TypeError, match="takes a f32 bias"):
+        check_bias(bias((32,), (2,), nmgen.DType.F16), a, 32, config)
+    with pytest.raises(ValueError, match="contiguous"):
+        check_bias(bias((32,), (8,)), a, 32, config)
+    check_bias(bias((32,), (4,)), a, 32, config)
+    assert "| a bias of the wrong shape, dtype or strides |" in DOC
+    assert "| a bias to a kernel that adds none, or none to one that adds one |" in DOC
+
+
+def test_an_unknown_activation_names_those_taken():
+    b = nmgen.prune(np.ones((64, 32), np.float32), "2:4", 16)
+    with pytest.raises(ValueError, match="relu, gelu, gelu_tanh, silu"):
+        nmgen.reference(np.ones((2, 64)), b, activation="tanh")
+    assert '| an unknown activation, e.g. `"tanh"` |' in DOC

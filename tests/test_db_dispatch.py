@@ -125,12 +125,13 @@ def test_layout_of_arrays():
 
 
 def test_records_are_keyed_on_the_family_generator():
-    """A family's records are keyed on its templates and the module of its template
-    arguments: an unroll or any other code-generation change orphans the old timings."""
+    """A family's records are keyed on its templates (its own and the shared epilogue) and
+    the module of its template arguments: an unroll or any other code-generation change
+    orphans the old timings."""
     import hashlib
 
     files = F32_SIMT.generator_files()
-    assert {f.name for f in files} == {"nm_spmm_f32.cu.j2", "render.py"}
+    assert {f.name for f in files} == {"nm_spmm_f32.cu.j2", "epilogue.cuh.j2", "render.py"}
     assert F32_SIMT.generator_hash() == hashlib.sha256(
         b"".join(f.read_bytes() for f in files)).hexdigest()
 

@@ -310,3 +310,115 @@ def test_the_op_keeps_one_matrix_per_weight_while_it_lives():
     del values, args
     gc.collect()
     assert key not in ops._ENTRIES
+
+
+# ------------------------------------------------------------------------ epilogue
+ACTIVATIONS = {"relu": torch.relu, "gelu": torch.nn.functional.gelu,
+               "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+               "silu": torch.nn.functional.silu, "none": lambda x: x}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16],
+                         ids=["f32", "bf16", "f16"])
+@pytest.mark.parametrize("activation", list(ACTIVATIONS))
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_op_applies_bias_and_activation_as_float64_does(activation, bias, dtype):
+    """The CPU reference: product, bias and activation in float32, rounded once."""
+    torch.manual_seed(2)
+    linear = nn.Linear(70, 45, bias=bias).to(dtype)
+    layer = nmnn.SparseLinear.from_dense(linear, PATTERN, VEC, activation=activation)
+    x = torch.randn(2, 3, 70).to(dtype)
+    with torch.no_grad():
+        out = layer(x)
+    expected = x.double() @ layer.dense_weight().double().T
+    if bias:
+        expected += layer.bias.double()
+    expected = ACTIVATIONS[activation](expected)
+    assert out.dtype == dtype and out.shape == (2, 3, 45)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]
+    assert rel_err(out, expected) < tol
+
+
+def test_op_with_an_activation_passes_opcheck_and_refuses_an_unknown_one():
+    layer = nmnn.SparseLinear.from_dense(make().up, PATTERN, VEC)
+    for activation in ("gelu_tanh", "silu"):
+        args = (torch.randn(3, 70), layer.values, layer.indices, layer.bias, 8, 32, VEC, 70,
+                activation)
+        torch.library.opcheck(torch.ops.nmgen.nm_linear.default, args)
+    with pytest.raises(ValueError, match="activation 'tanh': expected one of"):
+        torch.ops.nmgen.nm_linear(torch.randn(3, 70), layer.values, layer.indices,
+                                  layer.bias, 8, 32, VEC, 70, "tanh")
+    with pytest.raises(ValueError, match="activation 'tanh'"):
+        nmnn.SparseLinear(8, 8, PATTERN, VEC, activation="tanh")
+
+
+class Mlp(nn.Module):
+    """Linear layers directly followed by activations in nn.Sequential containers (one
+    nested), and one whose activation is a call in forward (nothing to fuse)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seq = nn.Sequential(nn.Linear(70, 96), nn.GELU(), nn.Linear(96, 40), nn.SiLU(),
+                                 nn.Sequential(nn.Linear(40, 33), nn.ReLU(inplace=True)),
+                                 nn.Linear(33, 24), nn.GELU(approximate="tanh"),
+                                 nn.Dropout(0.0), nn.Linear(24, 20))
+        self.out = nn.Linear(20, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.out(self.seq(x)))
+
+
+def test_sparsify_fuses_an_activation_that_follows_a_layer_in_a_sequential():
+    torch.manual_seed(3)
+    model = Mlp()
+    ref = pruned_reference(model)
+    summary = nmnn.sparsify(model, PATTERN, VEC)
+    assert [(f.layer, f.module, f.activation) for f in summary.fused] == [
+        ("seq.0", "seq.1", "gelu"), ("seq.2", "seq.3", "silu"), ("seq.5", "seq.6", "gelu_tanh"),
+        ("seq.4.0", "seq.4.1", "relu")]
+    assert "fused seq.1 (gelu) into seq.0's epilogue" in str(summary)
+    seq = model.seq
+    assert [type(m).__name__ for m in seq] == [
+        "SparseLinear", "Identity", "SparseLinear", "Identity", "Sequential", "SparseLinear",
+        "Identity", "Dropout", "SparseLinear"]
+    assert (seq[0].activation, seq[8].activation, model.out.activation) == (
+        "gelu", "none", "none")
+    assert "activation=silu" in repr(seq[2])
+    x = torch.randn(5, 70)
+    with torch.no_grad():
+        assert rel_err(model(x), ref(x.double())) < 1e-5
+    assert set(model.state_dict()) == {k for k in ref.state_dict() if not k.endswith("weight")
+                                       } | {k.replace("weight", n) for k in ref.state_dict()
+                                            if k.endswith("weight")
+                                            for n in ("values", "indices", "nm_meta")}
+
+
+def test_no_fusion_where_asked_not_to_or_where_a_hook_would_see_it():
+    model = Mlp()
+    assert nmnn.sparsify(model, PATTERN, VEC, fuse=False).fused == []
+    assert isinstance(model.seq[1], nn.GELU)
+    hooked = Mlp()
+    hooked.seq[1].register_forward_hook(lambda module, inputs, output: None)
+    summary = nmnn.sparsify(hooked, PATTERN, VEC, exclude="seq.2")
+    assert [f.layer for f in summary.fused] == ["seq.5", "seq.4.0"]  # seq.1 hooked, seq.2 kept
+    assert isinstance(hooked.seq[1], nn.GELU) and isinstance(hooked.seq[3], nn.SiLU)
+
+
+def test_fused_model_compiles_whole_and_loads_into_a_fresh_dense_one():
+    torch.manual_seed(4)
+    model = Mlp().to(torch.bfloat16)
+    nmnn.sparsify(model, PATTERN, VEC)
+    x = torch.randn(3, 70, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        eager = model(x)
+        torch.testing.assert_close(torch.compile(model, fullgraph=True)(x), eager)
+    fresh = Mlp().to(torch.bfloat16)
+    nmnn.load_sparse(fresh, model.state_dict())
+    assert fresh.seq[0].activation == "gelu" and isinstance(fresh.seq[1], nn.Identity)
+    with torch.no_grad():
+        assert torch.equal(fresh(x), eager)
+    unfused = Mlp().to(torch.bfloat16)
+    nmnn.load_sparse(unfused, model.state_dict(), fuse=False)
+    assert isinstance(unfused.seq[1], nn.GELU)
+    with torch.no_grad():
+        assert rel_err(unfused(x), eager) < RTOL[torch.bfloat16]

@@ -1,8 +1,9 @@
 """GPU: nmgen.nn on CUDA. SparseLinear through nmgen.dispatch in bf16 and fp32 at M = 1, 7
 and 300 with leading batch shapes, on NaN-poisoned output memory, against the float64
-product of the pruned weight; a sparsified model under torch.compile (fullgraph), under
-mode="reduce-overhead" (CUDA graph trees) replayed on new inputs, and captured by hand into
-a torch.cuda.CUDAGraph."""
+product of the pruned weight; with every activation and the bias in the kernels' epilogue
+(fp16 too); a sparsified model (its GELU fused into the first layer) under torch.compile
+(fullgraph), under mode="reduce-overhead" (CUDA graph trees) replayed on new inputs, and
+captured by hand into a torch.cuda.CUDAGraph."""
 
 from __future__ import annotations
 
@@ -44,17 +45,23 @@ def make_model(dtype: torch.dtype) -> torch.nn.Sequential:
                                 torch.nn.Linear(HIDDEN, N, bias=False))
     model = model.to(device="cuda", dtype=dtype)
     summary = nmnn.sparsify(model, PATTERN, VEC)
-    assert len(summary.replaced) == 2, str(summary)
+    assert len(summary.replaced) == 2 and model[0].activation == "gelu", str(summary)
     return model
+
+
+ACTIVATIONS = {"none": lambda x: x, "relu": torch.relu, "gelu": torch.nn.functional.gelu,
+               "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+               "silu": torch.nn.functional.silu}
 
 
 def layer_reference(layer: nmnn.SparseLinear, x: torch.Tensor) -> torch.Tensor:
     out = x.double() @ layer.dense_weight().double().T
-    return out if layer.bias is None else out + layer.bias.double()
+    out = out if layer.bias is None else out + layer.bias.double()
+    return ACTIVATIONS[layer.activation](out)
 
 
 def model_reference(model: torch.nn.Sequential, x: torch.Tensor) -> torch.Tensor:
-    hidden = torch.nn.functional.gelu(layer_reference(model[0], x))
+    hidden = layer_reference(model[0], x)  # its GELU fused
     return hidden @ model[2].dense_weight().double().T
 
 
@@ -86,6 +93,28 @@ def test_layer_matches_the_float64_product(dtype, rows, gpu_cases):
     assert not bool(out.isnan().any()), "output left unwritten"
     assert rel_err(out, layer_reference(layer, x)) < LAYER_RTOL[dtype]
     gpu_cases["kernel_cases"] += 1
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("activation", list(ACTIVATIONS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16],
+                         ids=["f32", "bf16", "f16"])
+def test_layer_epilogue_matches_the_float64_product(dtype, activation, bias, gpu_cases):
+    """Bias and activation in the kernels' epilogue, rounded once: decode M (gemv) and
+    prefill M (mma or f32), poisoned output."""
+    torch.manual_seed(1)
+    linear = torch.nn.Linear(K, N, bias=bias, device="cuda", dtype=dtype)
+    layer = nmnn.SparseLinear.from_dense(linear, PATTERN, VEC, activation=activation)
+    for rows in SHAPES:
+        x = random_input(rows, dtype)
+        poison(rows * N, dtype)
+        with torch.inference_mode():
+            out = layer(x)
+        torch.cuda.synchronize()
+        assert not bool(out.isnan().any()), "output left unwritten"
+        rtol = {torch.float16: 2e-3}.get(dtype, LAYER_RTOL[dtype])
+        assert rel_err(out, layer_reference(layer, x)) < rtol, (activation, rows)
+        gpu_cases["kernel_cases"] += 1
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))

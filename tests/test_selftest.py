@@ -33,3 +33,14 @@ def test_a_failure_shrinks_to_a_minimal_case():
     minimal = shrink(case, lambda c: c.cols > 40 and c.depth > 8)  # fails while both big
     assert (minimal.rows, minimal.cols, minimal.depth) == (1, 64, 16)
     assert (minimal.config, minimal.lda_pad, minimal.seed) == ("k", 3, 7)
+
+
+def test_about_half_the_draws_carry_an_epilogue_of_each_kind():
+    from nmgen.families.registry import all_families
+
+    rng = random.Random(2)
+    for family in all_families():
+        configs = [draw_config(family, rng, Arch.SM90, gpu_spec("h100")) for _ in range(200)]
+        tags = {c.epilogue.tag for c in configs}
+        assert 60 < sum(bool(c.epilogue) for c in configs) < 140, family.name
+        assert len(tags) == 10, (family.name, tags)  # none and the nine epilogues

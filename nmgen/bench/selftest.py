@@ -2,10 +2,12 @@
 reference, many at once.
 
 A case draws a problem the family serves (pattern, ``L``, A layout, dtype), a valid
-configuration of the family's space that fits the GPU, an odd shape (``M`` from 1, ``N`` and
-``K`` not multiples of the tiles) and, for row-major A, sometimes a leading dimension wider
-than ``K``; it poisons the output with NaN, runs the kernel on fresh random data and
-compares with ``A64 @ B64`` of the rounded inputs. Configurations are drawn first and
+configuration of the family's space that fits the GPU (half of them with a random epilogue:
+a bias, an activation or both, where the family takes it), an odd shape (``M`` from 1,
+``N`` and ``K`` not multiples of the tiles) and, for row-major A, sometimes a leading
+dimension wider than ``K``; it poisons the output with NaN, runs the kernel on fresh random
+data and compares with ``A64 @ B64`` of the rounded inputs (then the bias and the
+activation, in float64). Configurations are drawn first and
 compiled together in a process pool, then each serves several shapes, so that ten thousand
 cases take minutes. A failing case is shrunk (smaller ``M``, ``N``, ``K`` while it still
 fails) to a minimal one, kept as a regression that the GPU tests replay.
@@ -24,7 +26,8 @@ import numpy as np
 
 from ..build.nvrtc import cupy
 from ..build.pool import CompilePool
-from ..families.base import Config, Family
+from ..epilogue import Activation, Epilogue, apply_reference
+from ..families.base import Config, Family, epilogue_of
 from ..families.registry import all_families, config_from_name
 from ..format import DType, NMMatrix
 from ..gpus import spec_or_h100, table_name
@@ -37,6 +40,8 @@ PATTERNS = ((2, 4), (1, 4), (2, 8), (4, 8), (4, 16), (8, 16), (16, 32), (12, 32)
             (4, 32), (16, 64), (8, 64), (3, 7), (1, 1))
 VECS = (1, 4, 8, 16, 32, 64, 128)
 M_EDGES = (1, 2, 3, 17, 64, 255)
+EPILOGUES = tuple(Epilogue(bias, act) for bias in (False, True) for act in Activation
+                  if bias or act is not Activation.NONE)
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,8 @@ class Outcome:
 
 
 def draw_config(family: Family, rng: random.Random, arch: Any, gpu: Any) -> Config:
-    """A random configuration of ``family`` that fits this GPU."""
+    """A random configuration of ``family`` that fits this GPU; half of them with a random
+    epilogue (where the family takes one)."""
     dtypes = sorted(family.dtypes, key=lambda d: d.value)
     while True:
         n, m = rng.choice(PATTERNS)
@@ -80,6 +86,8 @@ def draw_config(family: Family, rng: random.Random, arch: Any, gpu: Any) -> Conf
         except ValueError:  # nothing valid for this (pattern, L): draw again
             continue
         if family.feasible(config, gpu) is None:
+            if rng.random() < 0.5:
+                return family.with_epilogue(config, rng.choice(EPILOGUES)) or config
             return config
 
 
@@ -103,9 +111,17 @@ def run_case(kernel: Kernel, case: Case) -> float:
     out = cp.full((case.rows, case.cols), np.nan, np.float32)
     if config.dtype is not DType.F32:
         out = device_array(out, config.dtype)
-    kernel(a, weight, out=out)
+    epilogue = epilogue_of(config)
+    bias = None
+    if epilogue.bias:
+        bias = device_array(cp.asarray(rng.standard_normal(case.cols, dtype=np.float32)),
+                            config.dtype)
+    kernel(a, weight, out=out, bias=bias)
     got = _float64(out)
     ref = _float64(a) @ _dense64(weight)
+    if epilogue:
+        ref = apply_reference(ref, None if bias is None else _float64(bias),
+                              epilogue.activation)
     err = float(cp.linalg.norm(got - ref)) / max(float(cp.linalg.norm(ref)), 1e-30)
     return err if np.isfinite(err) else float("inf")
 

@@ -8,6 +8,7 @@ preparation and its launch plan. Families register in ``nmgen.families.registry`
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 from abc import ABC, abstractmethod
@@ -18,12 +19,17 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from ..epilogue import NO_EPILOGUE, Epilogue
 from ..format import DType, NMMatrix
 from ..gpus import Arch, GpuSpec
 from ..problem import ALayout, Problem
 from ..shapes import Shape
 from .plan import Call, Device, LaunchPlan
-from .space import SearchSpace
+from .space import ConfigError, SearchSpace
+
+# Templates every family's template may include (beside its own folder): the epilogue.
+SHARED_TEMPLATES = Path(__file__).resolve().parent / "templates"
+EPILOGUE_TEMPLATE = SHARED_TEMPLATES / "epilogue.cuh.j2"
 
 
 class Config(Protocol):
@@ -46,6 +52,11 @@ class Config(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
     def to_json(self) -> str: ...
+
+
+def epilogue_of(config: Config) -> Epilogue:
+    """What ``config`` does to its output beyond the product (``Family.with_epilogue``)."""
+    return getattr(config, "epilogue", NO_EPILOGUE)
 
 
 @dataclass(frozen=True)
@@ -103,6 +114,19 @@ class Family(ABC):
     @abstractmethod
     def config_from_name(self, name: str) -> Config | None:
         """The configuration a kernel name states; ``None`` for another family's name."""
+
+    def with_epilogue(self, config: Config, epilogue: Epilogue) -> Config | None:
+        """``config`` adding a bias and applying an activation to its FP32 sums before
+        their one rounding (``nmgen.epilogue``), or ``None`` where it cannot. Records are
+        tuned without an epilogue; this is how a tuned configuration takes one. By
+        default: a configuration with an ``epilogue`` field takes any."""
+        if not dataclasses.is_dataclass(config) or "epilogue" not in {
+                f.name for f in dataclasses.fields(config)}:
+            return None
+        try:
+            return dataclasses.replace(config, epilogue=epilogue)
+        except ConfigError:
+            return None
 
     # ------------------------------------------------------------ resources and model
     @abstractmethod

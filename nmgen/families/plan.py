@@ -3,8 +3,9 @@
 A family builds a ``LaunchPlan`` for (configuration, prepared weight, call) without
 touching a GPU library; the runtime (``nmgen.runtime.launch``) turns it into driver
 launches, filling in the addresses of the call's operands and workspaces. Arguments name
-buffers: ``"a"`` and ``"c"`` (the call's operand and output), the prepared weight's
-arrays by their names, and the plan's workspaces by theirs.
+buffers: ``"a"`` and ``"c"`` (the call's operand and output), ``"bias"`` (the bias of a
+kernel with an epilogue: 0 where it adds none), the prepared weight's arrays by their
+names, and the plan's workspaces by theirs.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-A, C = "a", "c"
+A, C, BIAS = "a", "c", "bias"
 
 
 @dataclass(frozen=True)

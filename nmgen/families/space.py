@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
+from ..epilogue import Epilogue
 from ..problem import Problem
 
 
@@ -34,6 +35,24 @@ def coerce_enums(config: Any, enums: dict[str, type[Enum]]) -> None:
         except ValueError:
             allowed = ", ".join(e.value for e in enum)
             raise ConfigError(f"{name}={value!r}: expected one of {allowed}") from None
+
+
+def coerce_epilogue(config: Any) -> None:
+    """Turn a frozen configuration's ``epilogue`` from its JSON tag (``"bias_silu"``, or
+    none) into an ``Epilogue``, or raise ``ConfigError`` naming the tags."""
+    try:
+        object.__setattr__(config, "epilogue", Epilogue.parse(config.epilogue))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def epilogue_json(values: dict[str, Any], config: Any) -> dict[str, Any]:
+    """``values`` (a configuration's ``asdict``) with its epilogue as its tag, left out
+    where there is none: a configuration without one keeps the JSON it always had."""
+    values.pop("epilogue", None)
+    if config.epilogue:
+        values["epilogue"] = config.epilogue.tag
+    return values
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 - ``SparseLinear.from_dense(linear, "8:32", vec=128)``: one layer, pruned and compressed.
 - ``sparsify(model, "8:32", 128, include=..., exclude=...)``: every matching ``nn.Linear``
-  of a model replaced in place; returns a ``SparsifySummary``.
+  of a model replaced in place, an activation that directly follows one in an
+  ``nn.Sequential`` fused into its kernels' epilogue; returns a ``SparsifySummary``.
 - ``torch.ops.nmgen.nm_linear``: the custom op the layers call (``torch.compile`` with
   ``fullgraph=True`` and CUDA graphs take it); CUDA tensors run nmgen's kernels, CPU
   tensors a float32 reference.
@@ -25,13 +26,23 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from .io import load_sparse, save_sparse
 from .linear import SparseLinear
 from .ops import nm_linear, to_dense
-from .sparsify import LayerChange, SkippedLayer, SparsifySummary, servable, sparsify
+from .sparsify import (
+    FusedActivation,
+    LayerChange,
+    SkippedLayer,
+    SparsifySummary,
+    fuse_activations,
+    servable,
+    sparsify,
+)
 
 __all__ = [
+    "FusedActivation",
     "LayerChange",
     "SkippedLayer",
     "SparseLinear",
     "SparsifySummary",
+    "fuse_activations",
     "load_sparse",
     "nm_linear",
     "save_sparse",

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from .linear import TORCH_DTYPES, SparseLinear
+from .sparsify import fuse_activations
 
 META = "nm_meta"
 _FILE_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
@@ -36,15 +37,19 @@ def save_sparse(model: nn.Module, path: str | os.PathLike,
 
 
 def load_sparse(model: nn.Module, source: Source, *, strict: bool = True,
-                device: Any = None) -> list[str]:
+                device: Any = None, fuse: bool = True) -> list[str]:
     """Load a sparsified model's state (a safetensors file, or a ``state_dict``) into
     ``model``: every layer the state holds compressed is first made a ``SparseLinear`` of
     its pattern, L, shape, dtype and bias (in place of the model's ``nn.Linear``, on its
     device, or on ``device`` where given), then the state is loaded (``strict`` as in
-    ``load_state_dict``). Returns the names of the sparse layers."""
+    ``load_state_dict``). With ``fuse``, activations that directly follow those layers in
+    an ``nn.Sequential`` are fused into them as ``sparsify`` does (the state holds no
+    activation). Returns the names of the sparse layers."""
     layers = _sparse_layers(source)
     for name, (meta, dtype, bias) in layers.items():
         _make_sparse(model, name, meta, dtype, bias, device)
+    if fuse:
+        fuse_activations(model, set(layers))
     if isinstance(source, Mapping):
         model.load_state_dict(source, strict=strict)
     else:

@@ -1,5 +1,6 @@
 """``SparseLinear``: an ``nn.Linear`` whose weight is pruned to vector-wise N:M and kept
-compressed; its forward is the ``nmgen::nm_linear`` op."""
+compressed, optionally followed by an activation in the same kernel; its forward is the
+``nmgen::nm_linear`` op."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..epilogue import Activation
 from ..format import DType, NMMatrix, Pattern, prune
 from . import ops
 
@@ -27,9 +29,12 @@ def _from_numpy(array: np.ndarray) -> torch.Tensor:
 
 
 class SparseLinear(nn.Module):
-    """``y = x @ W.T + bias`` for ``x`` of shape ``(..., in_features)``, with ``W``
-    (``out_features × in_features``) pruned to vector-wise ``n:m`` with vector length ``L``
-    (``vec``) along the output features, kept compressed.
+    """``y = activation(x @ W.T + bias)`` for ``x`` of shape ``(..., in_features)``, with
+    ``W`` (``out_features × in_features``) pruned to vector-wise ``n:m`` with vector length
+    ``L`` (``vec``) along the output features, kept compressed. ``activation``: ``"none"``
+    (an ``nn.Linear``), ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``; on CUDA the
+    bias and the activation are the kernel's epilogue (``sparsify`` fuses an activation
+    module that directly follows the layer in an ``nn.Sequential``).
 
     Its state is buffers (no trainable parameters): ``values`` (``W×out``, the layer's
     dtype), ``indices`` (``W×⌈out/L⌉`` uint8), ``nm_meta`` (int64 ``[n, m, L, in, out]``)
@@ -40,7 +45,8 @@ class SparseLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int,
                  pattern: str | tuple[int, int] | Pattern, vec: int, *, bias: bool = True,
-                 dtype: torch.dtype | None = None, device: Any = None, name: str = ""):
+                 dtype: torch.dtype | None = None, device: Any = None, name: str = "",
+                 activation: str = "none"):
         """An all-zero layer of this shape (``load_state_dict`` or ``from_dense`` fills
         it). ``name``: how errors name the layer (``sparsify`` sets its path)."""
         super().__init__()
@@ -56,6 +62,7 @@ class SparseLinear(nn.Module):
                             "torch.float16")
         self.in_features, self.out_features = in_features, out_features
         self.pattern, self.vec, self.name = pat, vec, name
+        self.activation = activation
         rows = -(-in_features // pat.m) * pat.n
         groups = -(-out_features // vec)
         kept = torch.arange(pat.n, dtype=torch.uint8, device=device).repeat(rows // pat.n)
@@ -71,10 +78,10 @@ class SparseLinear(nn.Module):
     # ---------------------------------------------------------------- construction
     @classmethod
     def from_dense(cls, linear: nn.Linear, pattern: str | tuple[int, int] | Pattern,
-                   vec: int, *, name: str = "") -> SparseLinear:
+                   vec: int, *, name: str = "", activation: str = "none") -> SparseLinear:
         """``linear`` pruned with ``nmgen.prune`` (the largest-L2-norm rows of every
         ``m``-window, the same for ``vec`` consecutive output features), on its device, in
-        its dtype (float32, bfloat16 or float16), with its bias."""
+        its dtype (float32, bfloat16 or float16), with its bias; then ``activation``."""
         weight = linear.weight.detach()
         if DType.of(weight) is None:
             raise TypeError(f"{name or 'the layer'}: weight is {weight.dtype}; nmgen takes "
@@ -82,7 +89,7 @@ class SparseLinear(nn.Module):
         matrix = prune(weight, pattern, vec, layout="nk")
         layer = cls(linear.in_features, linear.out_features, matrix.pattern, matrix.vec,
                     bias=linear.bias is not None, dtype=weight.dtype, device=weight.device,
-                    name=name)
+                    name=name, activation=activation)
         with torch.no_grad():
             layer.set_matrix(matrix)
             if linear.bias is not None:
@@ -106,6 +113,18 @@ class SparseLinear(nn.Module):
 
     # ---------------------------------------------------------------- views
     @property
+    def activation(self) -> str:
+        """What follows the product and the bias: ``"none"`` or an activation's name."""
+        return self._activation.value
+
+    @activation.setter
+    def activation(self, value: str) -> None:
+        try:
+            self._activation = Activation.parse(value)
+        except ValueError as exc:
+            raise ValueError(f"{self._title()}: {exc}") from None
+
+    @property
     def meta(self) -> tuple[int, int, int, int, int]:
         """``(n, m, L, in_features, out_features)``, as ``nm_meta`` holds them."""
         return (self.pattern.n, self.pattern.m, self.vec, self.in_features,
@@ -127,7 +146,8 @@ class SparseLinear(nn.Module):
         return ops.to_dense(self.values, self.indices, n, m, vec, k).T.contiguous()
 
     def to_linear(self) -> nn.Linear:
-        """An ``nn.Linear`` holding the pruned weight densely (a reference to compare with)."""
+        """An ``nn.Linear`` holding the pruned weight densely (a reference to compare with;
+        the layer's activation is not part of it)."""
         linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
                            dtype=self.values.dtype, device=self.values.device)
         with torch.no_grad():
@@ -141,8 +161,9 @@ class SparseLinear(nn.Module):
         return sum(t.numel() * t.element_size() for t in self.state_dict().values())
 
     def extra_repr(self) -> str:
+        act = "" if self.activation == "none" else f", activation={self.activation}"
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"pattern={self.pattern}, vec={self.vec}, bias={self.bias is not None}")
+                f"pattern={self.pattern}, vec={self.vec}, bias={self.bias is not None}{act}")
 
     def _title(self) -> str:
         return f"SparseLinear {self.name!r}" if self.name else "SparseLinear"
@@ -155,7 +176,8 @@ class SparseLinear(nn.Module):
                 f"L={self.vec}) is inference-only and has no gradient: run the model under "
                 "torch.no_grad() or torch.inference_mode()")
         n, m, vec, k, _ = self.meta
-        return torch.ops.nmgen.nm_linear(x, self.values, self.indices, self.bias, n, m, vec, k)
+        return torch.ops.nmgen.nm_linear(x, self.values, self.indices, self.bias, n, m, vec, k,
+                                         self.activation)
 
     # ---------------------------------------------------------------- keeping the matrix
     def _remember(self) -> None:

@@ -1,13 +1,16 @@
-"""The custom op ``nmgen::nm_linear(x, values, indices, bias, n, m, vec, k)``: ``x @ W.T``
-(plus ``bias``) where ``W`` (``N×K``, an ``nn.Linear`` weight) is held in nmgen's vector-wise
-N:M form of ``B = W.T`` (``nmgen.format``): ``values`` ``W×N`` in the activations' dtype and
-``indices`` ``W×⌈N/L⌉`` uint8, with ``W = ⌈K/m⌉·n``. ``x`` is ``(..., K)``; the output is
-``(..., N)`` in ``x``'s dtype.
+"""The custom op ``nmgen::nm_linear(x, values, indices, bias, n, m, vec, k, activation)``:
+``activation(x @ W.T + bias)`` where ``W`` (``N×K``, an ``nn.Linear`` weight) is held in
+nmgen's vector-wise N:M form of ``B = W.T`` (``nmgen.format``): ``values`` ``W×N`` in the
+activations' dtype and ``indices`` ``W×⌈N/L⌉`` uint8, with ``W = ⌈K/m⌉·n``. ``x`` is
+``(..., K)``; the output is ``(..., N)`` in ``x``'s dtype. ``bias`` is optional;
+``activation`` is ``"none"`` (the default), ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or
+``"silu"``.
 
 - CUDA: ``nmgen.dispatch`` on torch's current stream, into an output that torch allocates
-  (inside a CUDA graph capture, from the graph's pool); the bias is added after the kernel.
-- CPU: the reference path: the weight decompressed to a dense float32 matrix, the product
-  and the bias in float32, cast back to ``x``'s dtype.
+  (inside a CUDA graph capture, from the graph's pool); the bias and the activation are the
+  kernel's epilogue, on its FP32 sums before their one rounding to ``x``'s dtype.
+- CPU: the reference path: the weight decompressed to a dense float32 matrix, the product,
+  the bias and the activation in float32, cast back to ``x``'s dtype.
 - Fake (meta): the output's shape and dtype, so ``torch.compile`` traces the op whole.
 
 A CUDA call needs the weight as an ``NMMatrix`` (the kernels read their own layout of it,
@@ -27,11 +30,20 @@ from dataclasses import dataclass
 import torch
 
 from ..dispatch import dispatch
+from ..epilogue import Activation
 from ..format import NMMatrix, Pattern
 
 OP_NAME = "nmgen::nm_linear"
 SCHEMA = ("(Tensor x, Tensor values, Tensor indices, Tensor? bias, int n, int m, int vec, "
-          "int k) -> Tensor")
+          "int k, str activation=\"none\") -> Tensor")
+# The activations in float32 on the CPU path, as torch computes them.
+_ACTIVATIONS = {
+    Activation.NONE: lambda x: x,
+    Activation.RELU: torch.relu,
+    Activation.GELU: torch.nn.functional.gelu,
+    Activation.GELU_TANH: lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    Activation.SILU: torch.nn.functional.silu,
+}
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -40,9 +52,15 @@ def _ceil_div(a: int, b: int) -> int:
 
 # ------------------------------------------------------------------------ checks
 def check_call(x: torch.Tensor, values: torch.Tensor, indices: torch.Tensor,
-               bias: torch.Tensor | None, n: int, m: int, vec: int, k: int) -> None:
-    """Refuse operands that do not line up (shapes, dtypes and devices only: no sync)."""
+               bias: torch.Tensor | None, n: int, m: int, vec: int, k: int,
+               activation: str = "none") -> Activation:
+    """Refuse operands that do not line up (shapes, dtypes and devices only: no sync);
+    the activation asked for."""
     Pattern(n, m)
+    try:
+        act = Activation.parse(activation)
+    except ValueError as exc:
+        raise ValueError(f"{OP_NAME}: {exc}") from None
     if vec < 1 or k < 1:
         raise ValueError(f"{OP_NAME}: vec = {vec} and K = {k} must be >= 1")
     if values.dim() != 2 or indices.dim() != 2:
@@ -68,6 +86,7 @@ def check_call(x: torch.Tensor, values: torch.Tensor, indices: torch.Tensor,
     if len(devices) > 1:
         raise ValueError(f"{OP_NAME}: operands on several devices: "
                          f"{', '.join(sorted(map(str, devices)))}")
+    return act
 
 
 # ------------------------------------------------------------------------ the weight
@@ -145,37 +164,42 @@ def matrix_of(values: torch.Tensor, indices: torch.Tensor, n: int, m: int, vec: 
 # ------------------------------------------------------------------------ the op
 @torch.library.custom_op(OP_NAME, mutates_args=(), schema=SCHEMA)
 def nm_linear(x: torch.Tensor, values: torch.Tensor, indices: torch.Tensor,
-              bias: torch.Tensor | None, n: int, m: int, vec: int, k: int) -> torch.Tensor:
-    """``x @ W.T + bias`` with ``W`` in vector-wise N:M form (see the module docstring)."""
+              bias: torch.Tensor | None, n: int, m: int, vec: int, k: int,
+              activation: str = "none") -> torch.Tensor:
+    """``activation(x @ W.T + bias)`` with ``W`` in vector-wise N:M form (see the module
+    docstring)."""
     raise NotImplementedError(f"{OP_NAME} runs on CUDA and CPU tensors, not {x.device}")
 
 
 @nm_linear.register_kernel("cpu")
 def _cpu(x: torch.Tensor, values: torch.Tensor, indices: torch.Tensor,
-         bias: torch.Tensor | None, n: int, m: int, vec: int, k: int) -> torch.Tensor:
-    check_call(x, values, indices, bias, n, m, vec, k)
+         bias: torch.Tensor | None, n: int, m: int, vec: int, k: int,
+         activation: str = "none") -> torch.Tensor:
+    act = check_call(x, values, indices, bias, n, m, vec, k, activation)
     dense = to_dense(values, indices, n, m, vec, k).float()
     out = x.reshape(-1, k).float() @ dense
     if bias is not None:
         out += bias.float()
+    out = _ACTIVATIONS[act](out)
     return out.to(x.dtype).view(*x.shape[:-1], values.shape[1])
 
 
 @nm_linear.register_kernel("cuda")
 def _cuda(x: torch.Tensor, values: torch.Tensor, indices: torch.Tensor,
-          bias: torch.Tensor | None, n: int, m: int, vec: int, k: int) -> torch.Tensor:
-    check_call(x, values, indices, bias, n, m, vec, k)
+          bias: torch.Tensor | None, n: int, m: int, vec: int, k: int,
+          activation: str = "none") -> torch.Tensor:
+    act = check_call(x, values, indices, bias, n, m, vec, k, activation)
     matrix = matrix_of(values, indices, n, m, vec, k)
     rows = _rows(x, k)
     out = torch.empty((rows.shape[0], values.shape[1]), dtype=x.dtype, device=x.device)
     if rows.shape[0]:
+        epilogue = {"bias": None if bias is None else bias.contiguous(),
+                    "activation": None if act is Activation.NONE else act}
         if x.device.index != torch.cuda.current_device():
             with torch.cuda.device(x.device):
-                dispatch(rows, matrix, out=out)
+                dispatch(rows, matrix, out=out, **epilogue)
         else:
-            dispatch(rows, matrix, out=out)  # on torch's current stream
-    if bias is not None:
-        out.add_(bias)
+            dispatch(rows, matrix, out=out, **epilogue)  # on torch's current stream
     return out.view(*x.shape[:-1], values.shape[1])
 
 
@@ -193,8 +217,9 @@ def _rows(x: torch.Tensor, k: int) -> torch.Tensor:
 
 @nm_linear.register_fake
 def _fake(x: torch.Tensor, values: torch.Tensor, indices: torch.Tensor,
-          bias: torch.Tensor | None, n: int, m: int, vec: int, k: int) -> torch.Tensor:
-    check_call(x, values, indices, bias, n, m, vec, k)
+          bias: torch.Tensor | None, n: int, m: int, vec: int, k: int,
+          activation: str = "none") -> torch.Tensor:
+    check_call(x, values, indices, bias, n, m, vec, k, activation)
     return x.new_empty((*x.shape[:-1], values.shape[1]))
 
 

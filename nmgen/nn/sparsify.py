@@ -1,5 +1,6 @@
 """``sparsify(model, pattern, vec)``: replace a model's ``nn.Linear`` layers by
-``SparseLinear`` in place, and say what changed (``SparsifySummary``)."""
+``SparseLinear`` in place, fuse an activation that directly follows one in an
+``nn.Sequential`` into its kernels' epilogue, and say what changed (``SparsifySummary``)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,16 @@ class LayerChange:
 
 
 @dataclass(frozen=True)
+class FusedActivation:
+    """An activation module now applied by the layer before it (its kernels' epilogue);
+    an ``nn.Identity`` stands in its place."""
+
+    layer: str
+    module: str
+    activation: str
+
+
+@dataclass(frozen=True)
 class SkippedLayer:
     """A selected ``nn.Linear`` that nmgen cannot serve, and why."""
 
@@ -47,12 +58,14 @@ class SkippedLayer:
 class SparsifySummary:
     """What ``sparsify`` did: the layers replaced, those skipped with the reason, and the
     totals over the replaced layers. Parameters are weight and bias elements (the kept
-    values after); bytes are those of the layers' state, indices included."""
+    values after); bytes are those of the layers' state, indices included. ``fused``: the
+    activations the replaced layers took into their epilogue."""
 
     pattern: str
     vec: int
     replaced: list[LayerChange] = field(default_factory=list)
     skipped: list[SkippedLayer] = field(default_factory=list)
+    fused: list[FusedActivation] = field(default_factory=list)
 
     @property
     def params_before(self) -> int:
@@ -84,6 +97,8 @@ class SparsifySummary:
                          f"{_count(self.params_after)} ({share:.1%}); bytes "
                          f"{_size(self.bytes_before)} -> {_size(self.bytes_after)} "
                          f"(saved {_size(self.bytes_saved)})")
+        lines += [f"  fused {f.module} ({f.activation}) into {f.layer}'s epilogue"
+                  for f in self.fused]
         lines += [f"  skipped {s.name}: {s.reason}" for s in self.skipped]
         return "\n".join(lines)
 
@@ -140,14 +155,16 @@ def _shared_weights(model: nn.Module) -> set[int]:
 
 # ------------------------------------------------------------------------ sparsify
 def sparsify(model: nn.Module, pattern: str | tuple[int, int] | Pattern, vec: int, *,
-             include: Selector | None = None,
-             exclude: Selector | None = None) -> SparsifySummary:
+             include: Selector | None = None, exclude: Selector | None = None,
+             fuse: bool = True) -> SparsifySummary:
     """Replace, in place, every ``nn.Linear`` of ``model`` whose dotted name matches
     ``include`` (default: all) and not ``exclude`` by ``SparseLinear.from_dense(linear,
     pattern, vec)``. A selector is a glob (``"*.mlp.*"``), a list of globs, or a
     predicate ``(name, module) -> bool``. Layers nmgen cannot serve (dtype, device, size,
     a tied or directly read weight, an ``nn.Linear`` subclass, non-finite values) are
-    left as they are and listed in the summary with the reason."""
+    left as they are and listed in the summary with the reason. With ``fuse``, an
+    activation module that directly follows a replaced layer in an ``nn.Sequential``
+    (``fuse_activations``) becomes part of the layer."""
     pat = Pattern.parse(pattern)
     if isinstance(vec, bool) or not isinstance(vec, int) or vec < 1:
         raise ValueError(f"vec {vec!r}: the vector length L must be a positive integer")
@@ -168,7 +185,52 @@ def sparsify(model: nn.Module, pattern: str | tuple[int, int] | Pattern, vec: in
             reason = _replace(summary, parent, attr, name, module, pat, vec)
         if reason is not None:
             summary.skipped.append(SkippedLayer(name, reason))
+    if fuse:
+        summary.fused = fuse_activations(model, {c.name for c in summary.replaced})
     return summary
+
+
+# ------------------------------------------------------------------------ fusion
+def activation_of(module: nn.Module) -> str | None:
+    """The epilogue activation that ``module`` computes, or ``None`` (exact types only: a
+    subclass may do more)."""
+    if type(module) is nn.ReLU:
+        return "relu"
+    if type(module) is nn.SiLU:
+        return "silu"
+    if type(module) is nn.GELU:
+        return "gelu" if module.approximate == "none" else "gelu_tanh"
+    return None
+
+
+def fuse_activations(model: nn.Module, layers: set[str]) -> list[FusedActivation]:
+    """In every ``nn.Sequential`` of ``model`` (exactly that type: its forward feeds each
+    module's output to the next alone), a ``SparseLinear`` named in ``layers`` with no
+    activation, followed directly by a module ``activation_of`` knows, takes that
+    activation; an ``nn.Identity`` takes the module's place. Modules with forward hooks are
+    left alone (a hook would see another tensor)."""
+    fused = []
+    sequentials = [(name, module) for name, module in model.named_modules()
+                   if type(module) is nn.Sequential]
+    for prefix, sequential in sequentials:
+        keys = list(sequential._modules)
+        for first, second in zip(keys[:-1], keys[1:], strict=True):
+            layer, module = sequential._modules[first], sequential._modules[second]
+            name = f"{prefix}.{first}" if prefix else first
+            activation = activation_of(module) if module is not None else None
+            if (not isinstance(layer, SparseLinear) or name not in layers
+                    or layer.activation != "none" or activation is None
+                    or _hooked(layer) or _hooked(module)):
+                continue
+            layer.activation = activation
+            sequential._modules[second] = nn.Identity()
+            fused.append(FusedActivation(name, f"{prefix}.{second}" if prefix else second,
+                                         activation))
+    return fused
+
+
+def _hooked(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks)
 
 
 def _replace(summary: SparsifySummary, parent: nn.Module, attr: str, name: str,

@@ -7,7 +7,8 @@ A plan is bound once per (kernel, weight, device, M, lda, A's alignment): its ar
 blocks are packed then, and a call only writes the addresses of A, C and the workspaces
 into them before ``cuLaunchKernel`` (CuPy's generic argument packing costs more than the
 rest of a call). CuPy arrays and PyTorch CUDA tensors both work; the output is of the
-same kind as ``a``.
+same kind as ``a``. A configuration with an epilogue that adds a bias takes it as
+``bias=`` (``N`` values in the kernel's dtype, on ``a``'s device).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 from ..build.nvrtc import compile_module, cupy
 from ..codegen import KernelSource, render
 from ..families import plan as data
-from ..families.base import Config, PreparedWeight
+from ..families.base import Config, PreparedWeight, epilogue_of
 from ..families.registry import family_of
 from ..format import NMMatrix
 from ..problem import ALayout
@@ -240,7 +241,8 @@ class BoundPlan:
 
 # ------------------------------------------------------------------------ the kernel
 class Kernel:
-    """One compiled configuration: ``Kernel(config)(a, b, out=None, stream=None)``."""
+    """One compiled configuration: ``Kernel(config)(a, b, out=None, stream=None,
+    bias=None)``."""
 
     def __init__(self, config: Config, source: KernelSource | None = None):
         """``source``: another version of ``config``'s code (an A/B of template variants
@@ -258,6 +260,8 @@ class Kernel:
         # (shapes, strides, dtypes, the weight's pattern): the hot path looks them up.
         self._a_checked: dict[tuple, tuple[int, int]] = {}
         self._out_checked: set[tuple] = set()
+        self._bias_checked: set[tuple] = set()
+        self._adds_bias = epilogue_of(config).bias
         self._instead: dict[str, Kernel] = {}
         # A plan's chunks run pipelined on two streams; False: one after another on the
         # caller's stream, unchunked (comparisons of the two).
@@ -327,13 +331,16 @@ class Kernel:
         return device_weight(b, self.config)[1]
 
     # -------------------------------------------------------------- calls
-    def __call__(self, a: Any, b: NMMatrix, out: Any = None, stream: Any = None) -> Any:
-        return self.run(a, operand(a, "a"), b, out, stream)
+    def __call__(self, a: Any, b: NMMatrix, out: Any = None, stream: Any = None, *,
+                 bias: Any = None) -> Any:
+        return self.run(a, operand(a, "a"), b, out, stream, bias)
 
-    def run(self, a: Any, a_op: Operand, b: NMMatrix, out: Any, stream: Any) -> Any:
+    def run(self, a: Any, a_op: Operand, b: NMMatrix, out: Any, stream: Any,
+            bias: Any = None) -> Any:
         """The call, given ``a``'s operand already read (the dispatcher reads it)."""
         rows, lda = self._check_a(a_op, b)
         out, c_op = self._output(out, a, a_op, (rows, b.shape[1]))
+        bias_ptr = self._bias(bias, a_op, b.shape[1])
         if rows == 0:
             return out
         handle = launch_stream(stream, a_op)
@@ -341,19 +348,20 @@ class Kernel:
         bound = self._bound(b, a_op, rows, lda, stream_ptr)
         plan = bound.plan
         if plan.instead is not None:
-            return self._kernel_instead(plan.instead).run(a, a_op, b, out, stream)
+            return self._kernel_instead(plan.instead).run(a, a_op, b, out, stream, bias)
+        ptrs = {data.A: a_op.ptr, data.C: c_op.ptr, data.BIAS: bias_ptr}
         if not plan.workspaces:
-            bound.run({data.A: a_op.ptr, data.C: c_op.ptr}, stream_ptr)
+            bound.run(ptrs, stream_ptr)
         elif plan.chunks and self.pipeline:
-            self._run_pipelined(bound, a_op, lda, b, c_op.ptr, handle)
+            self._run_pipelined(bound, a_op, lda, b, ptrs, handle)
         else:
             with handle if handle is not None else cupy().cuda.get_current_stream():
                 spaces = _workspaces([bound], bound, a_op, capturing(stream_ptr), stream_ptr)
-                bound.run({data.A: a_op.ptr, data.C: c_op.ptr, **_addresses(spaces)}, stream_ptr)
+                bound.run({**ptrs, **_addresses(spaces)}, stream_ptr)
         return out
 
     def _run_pipelined(self, whole: BoundPlan, a_op: Operand, lda: int, b: NMMatrix,
-                       c_ptr: int, handle: Any) -> None:
+                       call_ptrs: dict[str, int], handle: Any) -> None:
         """A plan in chunks of rows. Stream j % 2 of two, the caller's and
         ``second_stream``, runs chunk j's launches, so that chunk j's first launch (A's
         copy) overlaps chunk j-1's others (the main kernel) on the other stream, and chunk j
@@ -371,6 +379,7 @@ class Kernel:
         a_step = lda * a_op.strides[1] if self.config.a_layout is ALayout.ROW_MAJOR \
             else a_op.strides[0]
         c_step = b.shape[1] * self.config.dtype.itemsize
+        a_ptr, c_ptr = call_ptrs[data.A], call_ptrs[data.C]
         in_capture = capturing(caller.ptr)
         with caller:  # two sets of workspaces: held until every launch is queued
             spaces = [_workspaces(list(plans.values()), whole, a_op, in_capture, caller.ptr)
@@ -378,8 +387,8 @@ class Kernel:
         first_done, first = None, 0
         for j, rows in enumerate(chunks):
             stream = streams[j % 2]
-            ptrs = {data.A: a_op.ptr + a_step * first, data.C: c_ptr + c_step * first,
-                    **_addresses(spaces[j % 2])}
+            ptrs = {**call_ptrs, data.A: a_ptr + a_step * first,
+                    data.C: c_ptr + c_step * first, **_addresses(spaces[j % 2])}
             if j == 1:
                 stream.wait_event(first_done)
                 wait_kernel()((1,), (1,), (np.uint64(whole.plan.chunk_delay_ns),),
@@ -399,6 +408,24 @@ class Kernel:
         return kernel
 
     # -------------------------------------------------------------- checks
+    def _bias(self, bias: Any, a_op: Operand, cols: int) -> int:
+        """The address of ``bias``, checked against the kernel's epilogue: ``N`` values
+        in its dtype, contiguous, on ``a``'s device; 0 where the kernel adds none."""
+        if bias is None:
+            if self._adds_bias:
+                raise ValueError(f"kernel {self.name} adds a bias: pass bias= ({cols} "
+                                 f"{self.config.dtype.value} values)")
+            return 0
+        if not self._adds_bias:
+            raise ValueError(f"kernel {self.name} adds no bias; its configuration's "
+                             "epilogue must include one (e.g. epilogue='bias')")
+        op = operand(bias, "bias")
+        key = (op.shape, op.strides, op.dtype, op.device, a_op.device, cols)
+        if key not in self._bias_checked:
+            check_bias(op, a_op, cols, self.config)
+            self._bias_checked.add(key)
+        return op.ptr
+
     def _check_a(self, a_op: Operand, b: NMMatrix) -> tuple[int, int]:
         """``check_a``, remembered for what it depends on but the pointer and the device,
         which are checked on every call."""
@@ -514,6 +541,21 @@ def check_placement(a: Operand) -> None:
         raise ValueError(f"a is on GPU {a.device} but the current device is {current}")
     if a.dtype is not None and a.ptr % a.dtype.itemsize:
         raise ValueError(f"a's data pointer is not {a.dtype.itemsize}-byte aligned")
+
+
+def check_bias(bias: Operand, a: Operand, cols: int, config: Config) -> None:
+    """A bias is ``N`` contiguous values of the kernel's dtype on ``a``'s device."""
+    dtype = config.dtype
+    if tuple(bias.shape) != (cols,):
+        raise ValueError(f"bias has shape {tuple(bias.shape)}; the product has {cols} "
+                         "columns: pass a vector of that length")
+    if bias.dtype is not dtype:
+        raise TypeError(f"bias is {bias.dtype_name}: kernel {config.name} takes a "
+                        f"{dtype.value} bias")
+    if cols > 1 and bias.strides != (dtype.itemsize,):
+        raise ValueError(f"bias has strides {bias.strides}: it must be contiguous")
+    if bias.device != a.device:
+        raise ValueError(f"bias is on GPU {bias.device}, a on GPU {a.device}")
 
 
 def check_a(a: Operand, b: NMMatrix, config: Config) -> tuple[int, int]:

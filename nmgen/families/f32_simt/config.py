@@ -11,10 +11,11 @@ from dataclasses import asdict, dataclass, fields
 from enum import Enum
 from typing import Any, ClassVar
 
+from ...epilogue import NO_EPILOGUE, Epilogue
 from ...format import MAX_M, DType
 from ...gpus import REGISTERS_PER_SM, Arch
 from ...problem import ALayout
-from ..space import ConfigError, coerce_enums
+from ..space import ConfigError, coerce_enums, coerce_epilogue, epilogue_json
 
 
 class ATile(str, Enum):
@@ -67,10 +68,14 @@ class KernelConfig:
     a_layout: ALayout = ALayout.ROW_MAJOR
     a_tile: ATile = ATile.K_MAJOR
     arch: Arch = Arch.SM90
+    # Bias and activation on the output (not tuned): in the main kernel's stores, or with
+    # split-K in the reduction's, once the slices are summed.
+    epilogue: Epilogue = NO_EPILOGUE
     family: ClassVar[str] = FAMILY
 
     def __post_init__(self) -> None:
         coerce_enums(self, {"a_layout": ALayout, "a_tile": ATile, "arch": Arch})
+        coerce_epilogue(self)
         object.__setattr__(self, "packing", bool(self.packing))
         object.__setattr__(self, "stream_k", bool(self.stream_k))
         object.__setattr__(self, "tma", bool(self.tma))
@@ -403,7 +408,7 @@ class KernelConfig:
         sliced-K kernel adds ``_sk{slice_k}`` after the split (``..._s2_k1_sk4_km_sm90``), a
         stream-K kernel ``_streamk`` (``..._s2_k1_streamk_km_sm90``), a kernel whose copies
         go by the bulk copy engine ``_tma`` after the A layout and tile
-        (``..._s3_k1_km_tma_sm90``).
+        (``..._s3_k1_km_tma_sm90``); an epilogue's tag last (``..._km_sm90_bias_silu``).
         """
         pack = "pack" if self.packing else "nopack"
         return (
@@ -412,7 +417,7 @@ class KernelConfig:
             f"_w{self.warp_m}x{self.warp_n}_{pack}_s{self.stages}_k{self.split_k}"
             f"{self._slice_suffix}{'_streamk' if self.stream_k else ''}"
             f"_{self.a_layout.value}{self._tile_suffix}{'_tma' if self.tma else ''}"
-            f"_{self.arch.value.replace('_', '')}"
+            f"_{self.arch.value.replace('_', '')}{self.epilogue.suffix}"
         )
 
     @property
@@ -425,7 +430,8 @@ class KernelConfig:
 
     @classmethod
     def from_name(cls, name: str) -> KernelConfig:
-        match = _NAME_RE.match(name)
+        base, epilogue = Epilogue.split_name(name)
+        match = _NAME_RE.match(base)
         if not match:
             raise ConfigError(f"{name!r} is not a kernel name (e.g. {_EXAMPLE_NAME})")
         g = match.groupdict()
@@ -442,6 +448,7 @@ class KernelConfig:
             a_layout=ALayout(g["layout"]),
             a_tile=ATile(g["tile"] or ATile.K_MAJOR.value),
             arch=Arch(f"sm_{g['arch']}"),
+            epilogue=epilogue,
         )
 
     # ----------------------------------------------------------------- JSON
@@ -449,8 +456,9 @@ class KernelConfig:
         """The parameters as JSON values. Parameters added after kernels were first tuned
         (``LATER_PARAMETERS``) are left out at their default, so that the stored
         parameters, the generated header and the source of every older kernel stay as
-        they were (its tuned records then carry over: ``nmgen.carry``)."""
-        d = asdict(self)
+        they were (its tuned records then carry over: ``nmgen.carry``); so is the epilogue
+        where there is none."""
+        d = epilogue_json(asdict(self), self)
         for key in ("a_layout", "a_tile", "arch"):
             d[key] = d[key].value
         d["family"] = self.family

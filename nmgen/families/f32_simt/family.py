@@ -12,7 +12,7 @@ from ...format import DType, NMMatrix
 from ...gpus import GpuSpec
 from ...problem import ALayout, Problem
 from ...shapes import Shape
-from ..base import Family, PreparedWeight
+from ..base import EPILOGUE_TEMPLATE, Family, PreparedWeight
 from ..plan import Call, Device, LaunchPlan
 from ..space import ConfigError, SearchSpace
 from . import launch, model, render
@@ -107,7 +107,7 @@ class F32Simt(Family):
         return render.entry_points(config)
 
     def generator_files(self) -> tuple[Path, ...]:
-        return (self.templates / render.TEMPLATE, HERE / "render.py")
+        return (self.templates / render.TEMPLATE, EPILOGUE_TEMPLATE, HERE / "render.py")
 
     # ------------------------------------------------------------ weight and launch
     def prepare(self, weight: NMMatrix, config: KernelConfig) -> PreparedWeight:

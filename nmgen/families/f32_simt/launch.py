@@ -14,6 +14,7 @@ import numpy as np
 from ...problem import ALayout
 from ..base import PreparedWeight
 from ..plan import (
+    BIAS,
     A,
     Aligned16,
     C,
@@ -108,13 +109,16 @@ def plan(config: KernelConfig, weight: PreparedWeight, shape: tuple[int, int], c
     if c.tma:  # tensor maps of the A tile and the B' tile
         args += [TensorMap2D(a_buffer, m_rows, k_dim, lda, (c.ms, c.ks)),
                  TensorMap2D("values", ldb, values.shape[0], ldb, (c.ns, c.ws))]
+    if c.epilogue and c.split_k == 1:  # else the reduction's
+        args.append(Pointer(BIAS))
     launches.append(Launch(c.name, grid, c.threads, c.smem_bytes, tuple(args),
                            after_previous=c.waits_for_copy))
     if c.split_k > 1:
         workspaces.append(Workspace(SPLIT_SUMS, c.split_k * m_rows * n_cols))
         blocks = max(1, min(-(-m_rows * n_cols // REDUCE_THREADS), device.sms * 16))
         launches.append(Launch(c.name + "_reduce", (blocks, 1, 1), REDUCE_THREADS, 0, (
-            Pointer(SPLIT_SUMS), Pointer(C), i32(m_rows), i32(n_cols), i64(n_cols))))
+            Pointer(SPLIT_SUMS), Pointer(C), i32(m_rows), i32(n_cols), i64(n_cols),
+            *([Pointer(BIAS)] if c.epilogue else []))))
     chunks: tuple[int, ...] = ()
     if c.a_copied and c.split_k == 1 and not c.stream_k:
         rows = int(copy_chunk_rows(k_dim, c.ms, grid[0], resident))

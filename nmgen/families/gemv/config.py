@@ -9,10 +9,11 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, ClassVar
 
+from ...epilogue import NO_EPILOGUE, Epilogue
 from ...format import MAX_M, DType
 from ...gpus import REGISTERS_PER_SM, Arch
 from ...problem import ALayout
-from ..space import ConfigError, coerce_enums
+from ..space import ConfigError, coerce_enums, coerce_epilogue, epilogue_json
 
 FAMILY = "gemv"
 MAX_THREADS = 1024
@@ -34,10 +35,12 @@ class GemvConfig:
     a_layout: ALayout = ALayout.ROW_MAJOR
     arch: Arch = Arch.SM90
     dtype: DType = DType.F32
+    epilogue: Epilogue = NO_EPILOGUE  # bias and activation on the output (not tuned)
     family: ClassVar[str] = FAMILY
 
     def __post_init__(self) -> None:
         coerce_enums(self, {"a_layout": ALayout, "arch": Arch, "dtype": DType})
+        coerce_epilogue(self)
         for rule, ok in self._rules():
             if not ok:
                 raise ConfigError(f"{self.name}: violates rule '{rule}'")
@@ -91,26 +94,29 @@ class GemvConfig:
     @property
     def name(self) -> str:
         """e.g. ``nm_gemv_bf16_n8m32l128_r4_t64x4_c8_u4_k16_rm_sm90``: ROWS, COL_THREADS x
-        LANES, COLS, UNROLL and the slices of K aimed at."""
+        LANES, COLS, UNROLL and the slices of K aimed at; an epilogue's tag last
+        (``..._sm90_bias_silu``)."""
         return (f"nm_gemv_{self.dtype.value}_n{self.n}m{self.m}l{self.vec}_r{self.rows}"
                 f"_t{self.col_threads}x{self.lanes}_c{self.cols}_u{self.unroll}"
-                f"_k{self.split_k}_{self.a_layout.value}_{self.arch.value.replace('_', '')}")
+                f"_k{self.split_k}_{self.a_layout.value}_{self.arch.value.replace('_', '')}"
+                f"{self.epilogue.suffix}")
 
     @classmethod
     def from_name(cls, name: str) -> GemvConfig:
-        match = _NAME_RE.match(name)
+        base, epilogue = Epilogue.split_name(name)
+        match = _NAME_RE.match(base)
         if not match:
             raise ConfigError(f"{name!r} is not a {FAMILY} kernel name (e.g. {_EXAMPLE})")
         g = match.groupdict()
         return cls(**{k: int(v) for k, v in g.items() if k not in ("dtype", "layout", "arch")},
                    a_layout=ALayout(g["layout"]), arch=Arch(f"sm_{g['arch']}"),
-                   dtype=DType(g["dtype"]))
+                   dtype=DType(g["dtype"]), epilogue=epilogue)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.update(a_layout=self.a_layout.value, arch=self.arch.value, dtype=self.dtype.value,
                  family=FAMILY)
-        return d
+        return epilogue_json(d, self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GemvConfig:

@@ -13,7 +13,7 @@ from ...format import DType, NMMatrix
 from ...gpus import GpuSpec
 from ...problem import Problem
 from ...shapes import Shape
-from ..base import Family, PreparedWeight
+from ..base import EPILOGUE_TEMPLATE, Family, PreparedWeight
 from ..plan import Call, Device, LaunchPlan
 from ..space import SearchSpace
 from . import launch, model, prepare, render
@@ -78,7 +78,7 @@ class Gemv(Family):
         return render.entry_points(config)
 
     def generator_files(self) -> tuple[Path, ...]:
-        return (self.templates / render.TEMPLATE, HERE / "render.py")
+        return (self.templates / render.TEMPLATE, EPILOGUE_TEMPLATE, HERE / "render.py")
 
     def prepare(self, weight: NMMatrix, config: GemvConfig) -> PreparedWeight:
         return prepare.prepare(weight, config)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..base import PreparedWeight
-from ..plan import A, C, Call, Device, Launch, LaunchPlan, Pointer, Scalar, Workspace
+from ..plan import BIAS, A, C, Call, Device, Launch, LaunchPlan, Pointer, Scalar, Workspace
 from .config import GemvConfig
 
 SPLIT_SUMS, TILE_COUNTERS = "split_sums", "tile_counters"
@@ -39,7 +39,8 @@ def plan(config: GemvConfig, weight: PreparedWeight, shape: tuple[int, int], cal
         Pointer(A), Pointer("values"), Pointer("indices"), Pointer(C),
         Pointer(SPLIT_SUMS if split else C), Pointer(TILE_COUNTERS if split else C),
         i32(call.rows), i32(cols), i32(depth), i64(call.lda), i64(values.shape[1]),
-        i64(indices.shape[1]), i32(windows), i32(per_slice), i32(slices)))
+        i64(indices.shape[1]), i32(windows), i32(per_slice), i32(slices),
+        *([Pointer(BIAS)] if c.epilogue else [])))
     if not split:
         return LaunchPlan((main,))
     return LaunchPlan((main,), (

@@ -16,10 +16,11 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, ClassVar
 
+from ...epilogue import NO_EPILOGUE, Epilogue
 from ...format import MAX_M, DType
 from ...gpus import REGISTERS_PER_SM, Arch
 from ...problem import ALayout
-from ..space import ConfigError, coerce_enums
+from ..space import ConfigError, coerce_enums, coerce_epilogue, epilogue_json
 
 FAMILY = "mma"
 DTYPES = frozenset({DType.BF16, DType.F16})
@@ -50,10 +51,12 @@ class MmaConfig:
     a_layout: ALayout = ALayout.ROW_MAJOR
     arch: Arch = Arch.SM90
     dtype: DType = DType.BF16
+    epilogue: Epilogue = NO_EPILOGUE  # bias and activation on the output (not tuned)
     family: ClassVar[str] = FAMILY
 
     def __post_init__(self) -> None:
         coerce_enums(self, {"a_layout": ALayout, "arch": Arch, "dtype": DType})
+        coerce_epilogue(self)
         for rule, ok in self._rules():
             if not ok:
                 raise ConfigError(f"{self.name}: violates rule '{rule}'")
@@ -163,14 +166,17 @@ class MmaConfig:
     @functools.cached_property
     def name(self) -> str:
         """e.g. ``nm_mma_bf16_n8m32l128_b128x128x32_w2x2_s3_rm_sm90``: block tile bm x bn x
-        bk (compressed rows a stage), warps along M x N, stages."""
+        bk (compressed rows a stage), warps along M x N, stages; an epilogue's tag last
+        (``..._sm90_bias_silu``)."""
         return (f"nm_mma_{self.dtype.value}_n{self.n}m{self.m}l{self.vec}"
                 f"_b{self.bm}x{self.bn}x{self.bk}_w{self.warps_m}x{self.warps_n}"
-                f"_s{self.stages}_{self.a_layout.value}_{self.arch.value.replace('_', '')}")
+                f"_s{self.stages}_{self.a_layout.value}_{self.arch.value.replace('_', '')}"
+                f"{self.epilogue.suffix}")
 
     @classmethod
     def from_name(cls, name: str) -> MmaConfig:
-        match = _NAME_RE.match(name)
+        base, epilogue = Epilogue.split_name(name)
+        match = _NAME_RE.match(base)
         if not match:
             raise ConfigError(f"{name!r} is not a {FAMILY} kernel name (e.g. {_EXAMPLE})")
         g = match.groupdict()
@@ -181,14 +187,14 @@ class MmaConfig:
         return cls(n, int(g["m"]), int(g["vec"]), int(g["bm"]), int(g["bn"]), bk // n,
                    int(g["warps_m"]), int(g["warps_n"]), int(g["stages"]),
                    a_layout=ALayout(g["layout"]), arch=Arch(f"sm_{g['arch']}"),
-                   dtype=DType(g["dtype"]))
+                   dtype=DType(g["dtype"]), epilogue=epilogue)
 
     # ----------------------------------------------------------------- JSON
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.update(a_layout=self.a_layout.value, arch=self.arch.value, dtype=self.dtype.value,
                  family=FAMILY)
-        return d
+        return epilogue_json(d, self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MmaConfig:

@@ -5,7 +5,7 @@ element at a time; C takes pairs of values where N is even and C 16-byte aligned
 from __future__ import annotations
 
 from ..base import PreparedWeight
-from ..plan import A, Aligned16, C, Call, Device, Launch, LaunchPlan, Pointer, Scalar
+from ..plan import BIAS, A, Aligned16, C, Call, Device, Launch, LaunchPlan, Pointer, Scalar
 from .config import MmaConfig
 from .render import VECTOR_ELEMS
 
@@ -28,5 +28,6 @@ def plan(config: MmaConfig, weight: PreparedWeight, shape: tuple[int, int], call
     i64 = lambda v: Scalar("i64", int(v))  # noqa: E731
     args = (Pointer(A), Pointer("values"), Pointer("rows"), Pointer(C), i32(call.rows),
             i32(cols), i32(depth), i64(call.lda), i64(values.shape[1]), i64(rows.shape[1]),
-            i32(stages_total), i32(a_vectorized(call)), Aligned16(C, cols % 2 == 0))
+            i32(stages_total), i32(a_vectorized(call)), Aligned16(C, cols % 2 == 0),
+            *([Pointer(BIAS)] if c.epilogue else []))
     return LaunchPlan((Launch(c.name, grid, c.threads, c.smem_bytes, args),))
