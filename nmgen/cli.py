@@ -75,9 +75,11 @@ def _check_tune_arguments(args: argparse.Namespace) -> None:
 
 def _tune(args: argparse.Namespace) -> int:
     from .store.database import database_url, default_url
-    from .tune.command import device_list, tune_here, tune_on_devices
+    from .tune.command import default_trials, device_list, tune_here, tune_on_devices
     from .tune.studies import check_storage, default_storage_url
 
+    if args.trials is None:
+        args.trials = default_trials(args.quick)
     _check_tune_arguments(args)
     tasks = _tasks(args)
     devices = device_list(args.devices)
@@ -306,8 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
                       "f16 (default: %(default)s)")
     tune.add_argument("--family", help="tune only this kernel family (default: every "
                       "family serving the problem, each where it can win: gemv at M <= 64)")
-    tune.add_argument("--trials", type=int, default=40,
-                      help="trials per problem (default: %(default)s)")
+    tune.add_argument("--trials", type=int, default=None,
+                      help="trials per problem (default: 40; 8 with --quick)")
+    tune.add_argument("--quick", action="store_true",
+                      help="a shapes file in minutes: 8 trials a problem, starting from "
+                      "the kernels of other tuned patterns and vector lengths and the "
+                      "model's best three; two finalists timed again, no cross-check")
     tune.add_argument("--time-budget", type=float, default=math.inf, help="seconds in all")
     tune.add_argument("--db", help="SQLAlchemy URL of the tuned database")
     tune.add_argument("--storage", help="Optuna storage: an SQLAlchemy URL or journal:PATH "

@@ -148,3 +148,23 @@ def test_tune_without_family_gives_each_family_its_regime(tmp_path):
     assert by_family == {"f32": [1, 64, 65, 4096], "gemv": [1, 64]}
     named = _tasks(build_parser().parse_args([*base, "--family", "gemv"]))
     assert [t.shape[0] for t in named] == [1, 64, 65, 4096]
+
+
+def test_quick_tune_dry_run_takes_eight_trials_a_problem(tmp_path):
+    """``tune --quick``: 8 trials a problem unless ``--trials`` says otherwise."""
+    from nmgen.policy import summary
+    from nmgen.store.database import connect
+
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("1024 4096 4096\n100 4096 11008\n")
+    for extra, trials in (((), 8), (("--trials", "5"), 5)):
+        db = f"sqlite:///{tmp_path / f'quick{trials}.db'}"
+        result = nmgen_cli("tune", "--gpu", "h100", "--shapes", str(shapes), "--pattern",
+                           "2:4", "--vec", "32", "--dry-run", "--quick", "--compile-top", "0",
+                           "--quiet", "--db", db, *extra)
+        assert result.returncode == 0, result.stderr
+        assert "2 of 2 complete" in result.stdout
+        assert f": {trials} trials" in result.stderr
+        rows = summary(connect(db))
+        assert len(rows) == 2 and all(1 < r["trials"] <= trials for r in rows)
+
