@@ -168,3 +168,23 @@ def test_quick_tune_dry_run_takes_eight_trials_a_problem(tmp_path):
         rows = summary(connect(db))
         assert len(rows) == 2 and all(1 < r["trials"] <= trials for r in rows)
 
+
+def test_bench_untuned_plans_without_a_gpu(tmp_path):
+    """``bench-untuned --plan``: the kernels each row would time, and a refusal where the
+    untuned databases hold the problem or the tuned one lacks it."""
+    from nmgen.store.database import connect, shipped_db
+
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("1024 4096 4096\n256 4096 11008\n")
+    empty = tmp_path / "empty.db"
+    connect(f"sqlite:///{empty}")
+    shipped = str(shipped_db())
+    args = ("bench-untuned", "--plan", "h100", "--shapes", str(shapes), "--problems",
+            "8:32/32,4:32/32", "--quick")
+    planned = nmgen_cli(*args, "--tuned-db", shipped, "--untuned-db", str(empty))
+    assert planned.returncode == 0, planned.stderr
+    assert planned.stdout.count("| model (-) |") == 4 and "| 4 |" in planned.stdout
+    held = nmgen_cli(*args, "--tuned-db", shipped)  # the shipped records hold them
+    assert held.returncode == 2 and "untuned databases hold records" in held.stderr
+    lacking = nmgen_cli(*args, "--tuned-db", str(empty), "--untuned-db", str(empty))
+    assert lacking.returncode == 2 and "lacks 4 problems" in lacking.stderr
