@@ -75,9 +75,11 @@ def _check_tune_arguments(args: argparse.Namespace) -> None:
 
 def _tune(args: argparse.Namespace) -> int:
     from .store.database import database_url, default_url
-    from .tune.command import device_list, tune_here, tune_on_devices
+    from .tune.command import default_trials, device_list, tune_here, tune_on_devices
     from .tune.studies import check_storage, default_storage_url
 
+    if args.trials is None:
+        args.trials = default_trials(args.quick)
     _check_tune_arguments(args)
     tasks = _tasks(args)
     devices = device_list(args.devices)
@@ -232,6 +234,27 @@ def _bench(args: argparse.Namespace) -> int:
     return 1 if wrong else 0
 
 
+def _bench_untuned(args: argparse.Namespace) -> int:
+    from .bench.untuned import parse_problems, plan, plan_table, table_device, untuned_to_dir
+    from .dispatch import Dispatcher
+    from .runtime.device import device_info
+    from .store.database import database_url, shipped_db
+
+    device = table_device(args.plan) if args.plan else device_info()
+    untuned_urls = [database_url(u) for u in args.untuned_db or [f"sqlite:///{shipped_db()}"]]
+    untuned = Dispatcher(untuned_urls, device=device, write_url="")
+    tuned = Dispatcher([database_url(args.tuned_db)], device=device, write_url="")
+    planned = plan(parse_problems(args.problems), read_shapes(args.shapes), untuned, tuned,
+                   device.arch, ALayout(args.layout), quick=args.quick)
+    if args.plan:
+        print(plan_table(planned), end="")
+        return 0
+    rows, paths = untuned_to_dir(planned, args.out, args.repeat,
+                                 "nmgen " + " ".join(sys.argv[1:]), args.quiet)
+    print("\n".join(str(p) for p in paths))
+    return 0
+
+
 def _plot(args: argparse.Namespace) -> int:
     import json
 
@@ -305,8 +328,12 @@ def build_parser() -> argparse.ArgumentParser:
                       "f16 (default: %(default)s)")
     tune.add_argument("--family", help="tune only this kernel family (default: every "
                       "family serving the problem, each where it can win: gemv at M <= 64)")
-    tune.add_argument("--trials", type=int, default=40,
-                      help="trials per problem (default: %(default)s)")
+    tune.add_argument("--trials", type=int, default=None,
+                      help="trials per problem (default: 40; 8 with --quick)")
+    tune.add_argument("--quick", action="store_true",
+                      help="a shapes file in minutes: 8 trials a problem, starting from "
+                      "the kernels of other tuned patterns and vector lengths and the "
+                      "model's best three; two finalists timed again, no cross-check")
     tune.add_argument("--time-budget", type=float, default=math.inf, help="seconds in all")
     tune.add_argument("--db", help="SQLAlchemy URL of the tuned database")
     tune.add_argument("--storage", help="Optuna storage: an SQLAlchemy URL or journal:PATH "
@@ -407,6 +434,29 @@ def build_parser() -> argparse.ArgumentParser:
                        "any M (default: %(default)s)")
     _add_quiet(bench)
     bench.set_defaults(run=_bench)
+
+    untuned = sub.add_parser("bench-untuned", help="problems nobody tuned: dispatch's first "
+                             "choice against a full tune and cuBLAS SGEMM, in one process")
+    untuned.add_argument("--shapes", type=Path, required=True, help="file of 'M N K' lines")
+    untuned.add_argument("--problems", required=True, help="PATTERN/L, comma-separated "
+                         "(e.g. 2:4/32,1:4/32,2:8/32,8:32/16,8:32/64,8:32/128)")
+    untuned.add_argument("--layout", choices=[a.value for a in ALayout], default="rm",
+                         help="A layout (default: %(default)s)")
+    untuned.add_argument("--tuned-db", required=True,
+                         help="the database holding a full tune of these problems")
+    untuned.add_argument("--untuned-db", action="append", help="a database dispatch reads "
+                         "for the untuned choice, repeatable (default: the shipped one); "
+                         "none may hold these problems")
+    untuned.add_argument("--quick", action="store_true", help="also time the kernels a "
+                         "quick tune would time (quick_ms: the fastest of them)")
+    untuned.add_argument("--repeat", type=int, default=20,
+                         help="timed runs (median; default: %(default)s)")
+    untuned.add_argument("--out", type=Path, default=Path("untuned_out"),
+                         help="output directory")
+    untuned.add_argument("--plan", metavar="GPU", help="only list the kernels each row "
+                         "would time on this GPU table entry (no GPU needed)")
+    _add_quiet(untuned)
+    untuned.set_defaults(run=_bench_untuned)
 
     selftest = sub.add_parser("selftest", help="random cases of every family on the GPU "
                               "against float64 (odd shapes, M from 1, edges)")

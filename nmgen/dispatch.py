@@ -1,102 +1,162 @@
 """``nmgen.dispatch(a, b)``: run the best known kernel for this GPU, dtype, pattern and shape.
 
-The families that serve the problem (``families.registry.serving``) are asked in turn;
-for each, the lookup goes: the exact tuned shape → the nearest tuned shape of the same
-GPU, pattern, vector length, dtype and layout → the same in another CUDA runtime's
-records → the model's best configuration. Across families the record of the nearest shape
-wins (so a family tuned for small M serves small M, one tuned for large M large M), and
-where two families hold the same shape, the faster; the model's estimates come last. The
-user's database comes first, then the one shipped with nmgen. A fallback is counted and
-warned about once per problem. Decisions and compiled kernels are cached in the process,
-so the steady-state cost of a call is a dictionary lookup and a launch.
+The families that serve the problem (``families.registry.serving``) are asked in turn; for
+each, the lookup takes the first of:
+
+1. ``exact``: a record of this GPU, problem (pattern, L, dtype, A layout) and shape;
+2. ``nearest``: the record of the nearest tuned shape of the same problem, where the
+   family tunes the shape asked (``Family.tunes``: a decode record is no guide to a
+   prefill shape);
+3. the same two from another CUDA runtime's records of the same GPU and kernel source;
+4. ``transfer``: where the family tunes the shape and holds records of other patterns or
+   vector lengths of the same dtype and A layout, their winners and runners-up adapted to
+   the problem, ranked with the model's own best guesses by the model calibrated to this
+   GPU's records (``nmgen.transfer``, ``nmgen.calibration``);
+5. ``model``: the family's model's choice.
+
+Across families the decision from the nearest record wins (an exact one is at distance 0,
+a transfer at the distance of its nearest tuned problem, the model's at infinity), then
+a family that tunes the shape before one that does not, then the source in that order,
+then the time. The user's database comes first, then the one
+shipped with nmgen. A fallback is counted and warned about once per problem.
+
+``tune="quick"`` (or ``NMGEN_TUNE=quick``): where a call finds no exact record, a few
+candidates (the decision above first, then the best of the families' nearest records,
+transfers and model guesses by the calibrated model) are checked and timed on the GPU at
+the caller's shape, once, and stored as trials in the user's database; the fastest runs
+(``quick``), and the next call and the next process find it as an exact record.
 
 ``bias=`` and ``activation=`` ask for an epilogue (``nmgen.epilogue``): the decision's
-configuration with it, or, where its family cannot take it, the next decision's in the
-order above that can.
+configuration with it, or, where its family cannot take it, the next family's decision in
+the order above that can.
+
+Decisions and compiled kernels are cached in the process, so the steady-state cost of a
+call is a dictionary lookup and a launch.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import threading
 import warnings
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .calibration import Calibration, shipped_calibration
+from .codegen import render
 from .epilogue import NO_EPILOGUE, Activation, Epilogue
 from .families.base import Config, Family
 from .families.registry import family_of, serving
 from .format import NMMatrix
-from .gpus import spec_or_h100, table_name
-from .policy import best_per_problem
+from .gpus import GpuSpec, spec_or_h100, table_name
+from .policy import RelatedRecord, best_per_problem, pick_winner, related_records
 from .problem import ALayout, Problem
 from .runtime.device import DeviceInfo, device_info, operand
 from .runtime.launch import Kernel
 from .shapes import shape_distance
 from .store.database import connect, default_url, shipped_db
-from .store.records import ProblemKey
+from .store.records import ProblemKey, record_trial
+from .store.tables import TrialStatus
+from .transfer import nearest_distance, ranked
 
-# Where a decision comes from, best first: a record of this shape, of the nearest tuned
-# shape, the same from another CUDA runtime's records, the family's model.
-SOURCES = ("exact", "nearest", "exact-other-cuda", "nearest-other-cuda", "model")
+# Where a decision comes from, best first: a record of this shape, a quick tune's timing
+# of this shape in this process, the nearest tuned shape, the same from another CUDA
+# runtime's records, kernels of other tuned problems adapted, the family's model.
+SOURCES = ("exact", "quick", "nearest", "exact-other-cuda", "nearest-other-cuda",
+           "transfer", "model")
+MEASURED = frozenset({"exact", "quick"})  # what a quick tune would not improve on
+TUNE_MODES = ("quick",)
+QUICK_CANDIDATES = 4  # kernels a quick tune times
+NEAREST_RECORDS = 3  # nearest tuned shapes of the problem whose winners it considers
 
 
 @dataclass
 class Decision:
     config: Config
     source: str  # one of SOURCES
-    time_ms: float | None = None  # measured (exact, nearest) or estimated (model)
-    distance: float = 0.0  # from the shape asked to the record's (inf: the model's)
+    # measured (exact, quick, nearest) or estimated (transfer: calibrated; model)
+    time_ms: float | None = None
+    distance: float = 0.0  # from the problem asked to the record's (inf: the model's)
+    origin: str = ""  # transfer: the tuned problem the kernel came from, or "model"
+    in_regime: bool = True  # whether the family tunes the shape (``Family.tunes``)
 
     def rank(self) -> tuple:
         """Across families: the record of the nearest shape first (an exact one is at 0;
-        families tuned at other M do not mislead one another), then the source, then
-        the time (comparable where the shapes are the same), then the name."""
-        return (self.distance, SOURCES.index(self.source), self.time_ms or 0.0,
-                self.config.name)
+        families tuned at other M do not mislead one another), then a family built for
+        the shape before one that is not, then the source, then the time (comparable
+        where the shapes are the same), then the name."""
+        return (self.distance, not self.in_regime, SOURCES.index(self.source),
+                self.time_ms or 0.0, self.config.name)
+
+
+def tune_mode(text: str | None) -> str | None:
+    """``"quick"``, or ``None`` for no tuning (``None``, ``""``, ``"off"``, ``"0"``)."""
+    if text is None or text.strip().lower() in ("", "off", "0", "none"):
+        return None
+    if text.strip().lower() not in TUNE_MODES:
+        raise ValueError(f"tune={text!r}: expected one of {', '.join(TUNE_MODES)} or None")
+    return text.strip().lower()
 
 
 class Dispatcher:
     """Holds the databases, the decision cache, the kernel cache and the counters.
-    ``device``: the GPU decisions are made for (default: the current device)."""
+    ``device``: the GPU decisions are made for (default: the current device). ``tune``:
+    ``"quick"`` to time candidates where a call finds no exact record (default:
+    ``NMGEN_TUNE``). ``write_url``: where a quick tune stores its trials (default: the
+    user's database, ``NMGEN_DB`` or ``~/.cache/nmgen/tuned.db``, or the first of
+    ``db_urls`` unless it is the shipped one; ``""``: nowhere). ``calibrate``: rank
+    transfers by the model calibrated to the shipped records of this GPU (else the model
+    as it is)."""
 
-    def __init__(self, db_urls: list[str] | None = None, device: DeviceInfo | None = None):
+    def __init__(self, db_urls: list[str] | None = None, device: DeviceInfo | None = None,
+                 tune: str | None = None, write_url: str | None = None,
+                 calibrate: bool = True):
         self._urls = db_urls
         self._device = device
+        self.tune = tune_mode(tune if tune is not None else os.environ.get("NMGEN_TUNE"))
+        self._write_url = write_url
+        self._calibrate = calibrate
         self._engines: list[Any] | None = None
+        self._related: dict[tuple, list[RelatedRecord]] = {}
         self._decisions: dict[tuple, Decision] = {}
         self._ranked: dict[tuple, list[Decision]] = {}
-        self._fast: dict[tuple, tuple[Kernel, str]] = {}
+        self._variants: dict[tuple, tuple[Decision, Decision]] = {}
+        self._quick_tried: set[tuple] = set()
+        self._fast: dict[tuple, tuple[Kernel, str, bool]] = {}
         self._kernels: dict[str, Kernel] = {}
         self._warned: set[tuple] = set()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._count_lock = threading.Lock()
         self.counts: Counter[str] = Counter()
 
     def _dbs(self) -> list[Any]:
-        """The databases read, the user's first; dispatch never writes to them."""
+        """The databases read, the user's first; only a quick tune writes (to the user's)."""
         if self._engines is None:
             urls = self._urls
             if urls is None:
                 urls = [u for u in (default_url(), f"sqlite:///{shipped_db()}")
-                        if not u.startswith("sqlite:///") or Path(u[10:]).exists()]
+                        if not _missing_file(u)]
+            else:  # the user's database, made by the first quick tune's results
+                urls = [u for u in urls if not (u == self._writable() and _missing_file(u))]
             self._engines = [connect(u, writable=False) for u in urls]
         return self._engines
 
     def decide(self, problem: Problem, shape: tuple[int, int, int],
                epilogue: Epilogue = NO_EPILOGUE) -> Decision:
         """The kernel for ``problem`` at ``shape`` (M, N, K), with ``epilogue``."""
-        key = (problem, shape, epilogue)
-        cached = self._decisions.get(key)
-        if cached is not None:
-            return cached
-        with self._lock:
-            decision = self._with_epilogue(self._ranking(problem, shape), problem, epilogue)
-            self._decisions[key] = decision
-            return decision
+        decision = self._decisions.get((problem, shape))
+        if decision is None:
+            with self._lock:
+                decision = self._decisions.get((problem, shape))
+                if decision is None:
+                    decision = self._decisions[(problem, shape)] = self._ranking(
+                        problem, shape)[0]
+        return self._with_epilogue(decision, problem, shape, epilogue)
 
     def _ranking(self, problem: Problem, shape: tuple[int, int, int]) -> list[Decision]:
         """Each serving family's decision, best first (``Decision.rank``)."""
@@ -104,6 +164,28 @@ class Dispatcher:
         if ranked is None:
             ranked = self._ranked[(problem, shape)] = self._lookup(problem, shape)
         return ranked
+
+    def _with_epilogue(self, decision: Decision, problem: Problem,
+                       shape: tuple[int, int, int], epilogue: Epilogue) -> Decision:
+        """``decision`` with ``epilogue``, else the best of the other families' decisions
+        whose configuration takes it."""
+        if not epilogue:
+            return decision
+        base, variant = self._variants.get((problem, shape, epilogue), (None, None))
+        if base is not decision:  # made once a base decision (a quick tune may change it)
+            variant = self._variant(decision, problem, shape, epilogue)
+            self._variants[(problem, shape, epilogue)] = (decision, variant)
+        return variant
+
+    def _variant(self, decision: Decision, problem: Problem, shape: tuple[int, int, int],
+                 epilogue: Epilogue) -> Decision:
+        ranked = [decision, *self._ranking(problem, shape)]
+        for candidate in ranked:
+            config = family_of(candidate.config).with_epilogue(candidate.config, epilogue)
+            if config is not None:
+                return dataclasses.replace(candidate, config=config)
+        raise ValueError(f"no kernel family serving {problem} takes the epilogue "
+                         f"{epilogue.tag!r} ({', '.join(d.config.family for d in ranked)})")
 
     def _lookup(self, problem: Problem, shape: tuple[int, int, int]) -> list[Decision]:
         families = serving(problem)
@@ -115,19 +197,6 @@ class Dispatcher:
                              f"({', '.join(f.name for f in families)})")
         return sorted(found, key=Decision.rank)
 
-    @staticmethod
-    def _with_epilogue(ranked: list[Decision], problem: Problem,
-                       epilogue: Epilogue) -> Decision:
-        """The best decision whose configuration takes ``epilogue``, with it."""
-        if not epilogue:
-            return ranked[0]
-        for decision in ranked:
-            config = family_of(decision.config).with_epilogue(decision.config, epilogue)
-            if config is not None:
-                return dataclasses.replace(decision, config=config)
-        raise ValueError(f"no kernel family serving {problem} takes the epilogue "
-                         f"{epilogue.tag!r} ({', '.join(d.config.family for d in ranked)})")
-
     @property
     def device(self) -> DeviceInfo:
         return self._device or device_info()
@@ -135,6 +204,24 @@ class Dispatcher:
     def _lookup_family(self, family: Family, problem: Problem, shape: tuple[int, int, int]
                        ) -> Decision | None:
         key = problem_key(family, problem, shape, self.device)
+        recorded = self._recorded(family, key, shape)
+        if recorded is not None:
+            return recorded
+        gpu = spec_or_h100(key.gpu)
+        if family.tunes(shape):
+            transfer = self._transfer(family, problem, shape, key, gpu)
+            if transfer is not None:
+                return transfer
+        config = family.default_config(problem, gpu, shape)
+        if config is None:
+            return None
+        return Decision(config, "model", family.estimate_ms(config, gpu, shape), math.inf,
+                        in_regime=family.tunes(shape))
+
+    def _recorded(self, family: Family, key: ProblemKey, shape: tuple[int, int, int]
+                  ) -> Decision | None:
+        """The exact or nearest record of the problem (``nearest`` only where the family
+        tunes ``shape``: not stretched past its regime)."""
         # Records of this CUDA runtime, then of another runtime of the same GPU and kernel
         # source (the compiler differs, the kernel does not): better than the model.
         for any_cuda, suffix in ((False, ""), (True, "-other-cuda")):
@@ -143,16 +230,119 @@ class Dispatcher:
                 if shape in winners:
                     return Decision(winners[shape].config, "exact" + suffix,
                                     winners[shape].time_ms)
-                if winners and family.tunes(shape):  # not stretched past its regime
+                if winners and family.tunes(shape):
                     nearest = min(winners.values(), key=lambda w: (
                         shape_distance(w.shape, shape), w.config.name))
                     return Decision(nearest.config, "nearest" + suffix, nearest.time_ms,
                                     shape_distance(nearest.shape, shape))
-        gpu = spec_or_h100(key.gpu)
-        config = family.default_config(problem, gpu, shape)
-        if config is None:
+        return None
+
+    def _transfer(self, family: Family, problem: Problem, shape: tuple[int, int, int],
+                  key: ProblemKey, gpu: GpuSpec) -> Decision | None:
+        records = self.related(key)
+        distance = nearest_distance(problem, shape, records)
+        if not math.isfinite(distance):
             return None
-        return Decision(config, "model", family.estimate_ms(config, gpu, shape), math.inf)
+        candidates = ranked(family, problem, shape, gpu, self.calibration(family, key, gpu),
+                            records)
+        if not candidates:
+            return None
+        best = candidates[0]
+        return Decision(best.config, "transfer", best.estimate_ms, distance, best.origin)
+
+    def related(self, key: ProblemKey) -> list[RelatedRecord]:
+        """The tuned problems of ``key``'s GPU, family, dtype and A layout in every
+        database read (the user's first where both hold a problem), kept in the process."""
+        cache_key = (key.gpu, key.arch, key.template_hash, key.dtype, key.a_layout)
+        if cache_key not in self._related:
+            seen: dict[tuple, RelatedRecord] = {}
+            for engine in self._dbs():
+                for record in related_records(engine, key):
+                    seen.setdefault((record.n, record.m, record.vec, record.shape), record)
+            self._related[cache_key] = list(seen.values())
+        return self._related[cache_key]
+
+    def calibration(self, family: Family, key: ProblemKey, gpu: GpuSpec) -> Calibration:
+        if not self._calibrate:
+            return Calibration(family.name)
+        return shipped_calibration(family, key, gpu)
+
+    # ------------------------------------------------------------ quick tune
+    def quick_candidates(self, problem: Problem, shape: tuple[int, int, int],
+                         count: int = QUICK_CANDIDATES) -> list[Config]:
+        """What a quick tune times: the decision's kernel, then the fastest by their
+        families' calibrated models of the winners of the problem's nearest tuned
+        shapes, the transfers and the model's guesses of every family serving the
+        problem where it tunes ``shape``; ``count`` distinct kernels at most."""
+        first = self.decide(problem, shape).config
+        pool: list[tuple[float, str, Config]] = []
+        for family in serving(problem):
+            if family.tunes(shape) or family is family_of(first):
+                pool += self._family_candidates(family, problem, shape)
+        ordered = [first] + [c for _, _, c in sorted(pool, key=lambda p: p[:2])]
+        return list(dict.fromkeys(ordered))[:count]
+
+    def _family_candidates(self, family: Family, problem: Problem,
+                           shape: tuple[int, int, int]) -> list[tuple[float, str, Config]]:
+        key = problem_key(family, problem, shape, self.device)
+        gpu = spec_or_h100(key.gpu)
+        calibration = self.calibration(family, key, gpu)
+        own = [w.config for w in self._nearest_winners(key, shape)]
+        out = [(calibration.estimate_ms(family, c, gpu, shape), c.name, c) for c in own]
+        transfers = ranked(family, problem, shape, gpu, calibration, self.related(key))
+        return out + [(c.estimate_ms, c.config.name, c.config) for c in transfers]
+
+    def _nearest_winners(self, key: ProblemKey, shape: tuple[int, int, int]) -> list:
+        winners: dict[tuple[int, int, int], Any] = {}
+        for engine in self._dbs():
+            for s, w in best_per_problem(engine, key, any_cuda=True).items():
+                winners.setdefault(s, w)
+        return sorted(winners.values(), key=lambda w: (shape_distance(w.shape, shape),
+                                                        w.config.name))[:NEAREST_RECORDS]
+
+    def quick_tune(self, problem: Problem, shape: tuple[int, int, int]) -> Decision:
+        """Time the quick candidates at ``shape`` on this process's GPU, store them in the
+        user's database and decide for the fastest (by ``nmgen.policy``'s rule, as the
+        next process will); the earlier decision where none ran correctly."""
+        from .runtime.check import time_candidates
+
+        with self._lock:
+            fallback = self.decide(problem, shape)
+            if (problem, shape) in self._quick_tried or fallback.source in MEASURED:
+                return fallback
+            self._quick_tried.add((problem, shape))
+            timed = time_candidates(problem, shape, self.quick_candidates(problem, shape))
+            self.store_timings(problem, shape, timed)
+            decision = quick_decision(problem, [(t.config, t.time_ms) for t in timed])
+            self._decisions[(problem, shape)] = decision or fallback
+            return decision or fallback
+
+    def store_timings(self, problem: Problem, shape: tuple[int, int, int],
+                      timed: Sequence[Any]) -> str | None:
+        """Record a quick tune's results (``runtime.check.Timed``) as trials in the
+        user's database; returns its URL (``None``: there is none to write to)."""
+        url = self._writable()
+        if url is None:
+            return None
+        engine = connect(url)
+        for t in timed:
+            family = family_of(t.config)
+            key = problem_key(family, problem, shape, self.device)
+            status = (TrialStatus.OK if t.time_ms is not None else
+                      TrialStatus.WRONG if t.wrong else TrialStatus.LAUNCH_ERROR)
+            record_trial(engine, key, t.config, render(t.config).sha256, status, t.time_ms,
+                         family.estimate_ms(t.config, spec_or_h100(key.gpu), shape), t.error)
+        engine.dispose()
+        self._engines, self._related = None, {}  # read again, the user's database first
+        return url
+
+    def _writable(self) -> str | None:
+        if self._write_url is not None:
+            return self._write_url or None  # "": nowhere
+        if self._urls is None:
+            return default_url()
+        shipped = f"sqlite:///{shipped_db()}"
+        return self._urls[0] if self._urls and self._urls[0] != shipped else None
 
     def kernel(self, config: Config) -> Kernel:
         kernel = self._kernels.get(config.name)
@@ -162,22 +352,24 @@ class Dispatcher:
         return kernel
 
     def __call__(self, a: Any, b: NMMatrix, out: Any = None, *, bias: Any = None,
-                 activation: Activation | str | None = None, stream: Any = None) -> Any:
+                 activation: Activation | str | None = None, stream: Any = None,
+                 tune: str | None = None) -> Any:
         a_op = operand(a, "a")
         # Hot path: one dictionary lookup on what the decision depends on.
         fast = (a_op.device, a_op.shape, a_op.strides, a_op.dtype, b.n, b.m, b.vec, b.shape,
                 b._values.dtype, bias is not None, activation)
         hit = self._fast.get(fast)
-        if hit is None:
-            hit = self._fast[fast] = self._choose(a_op, b, Epilogue.of(bias is not None,
-                                                                        activation))
-        kernel, source = hit
+        if hit is None or (hit[2] and (tune or self.tune)):
+            hit = self._fast[fast] = self._choose(a_op, b, tune_mode(tune) or self.tune,
+                                                  Epilogue.of(bias is not None, activation))
+        kernel, source, _ = hit
         with self._count_lock:  # Counter's += is a read-modify-write
             self.counts[source] += 1
         return kernel.run(a, a_op, b, out, stream, bias)
 
-    def _choose(self, a_op: Any, b: NMMatrix, epilogue: Epilogue = NO_EPILOGUE
-                ) -> tuple[Kernel, str]:
+    def _choose(self, a_op: Any, b: NMMatrix, tune: str | None = None,
+                epilogue: Epilogue = NO_EPILOGUE) -> tuple[Kernel, str, bool]:
+        """(kernel, source, whether a quick tune may still improve on it)."""
         if a_op.dtype is not b.dtype:
             raise TypeError(f"a is {a_op.dtype_name} but b holds {b.dtype.value} values: "
                             "pass activations in the weight's dtype")
@@ -185,10 +377,14 @@ class Dispatcher:
                                                      b.dtype.itemsize),
                           self.device.arch, b.dtype)
         shape = (a_op.shape[0], b.shape[1], b.shape[0])
-        decision = self.decide(problem, shape, epilogue)
-        if decision.source != "exact":
+        decision = self.decide(problem, shape)
+        if tune == "quick" and decision.source not in MEASURED:
+            decision = self.quick_tune(problem, shape)
+        if decision.source not in MEASURED:
             self._warn_once(problem, shape, decision)
-        return self.kernel(decision.config), decision.source
+        improvable = decision.source not in MEASURED and (problem, shape) not in self._quick_tried
+        decision = self._with_epilogue(decision, problem, shape, epilogue)
+        return self.kernel(decision.config), decision.source, improvable
 
     def _warn_once(self, problem: Problem, shape: tuple[int, int, int],
                    decision: Decision) -> None:
@@ -201,6 +397,32 @@ class Dispatcher:
                       f"N={n} K={k}; using the {decision.source} choice "
                       f"{decision.config.name} (said once; nmgen.dispatch_stats() counts "
                       "every fallback)", stacklevel=4)
+
+
+def _missing_file(url: str) -> bool:
+    return url.startswith("sqlite:///") and not Path(url[10:]).exists()
+
+
+def quick_decision(problem: Problem, timed: Sequence[tuple[Config, float | None]]
+                   ) -> Decision | None:
+    """The ``quick`` decision among timed configurations (time ``None``: not correct):
+    each family's winner by ``nmgen.policy``'s rule (its reference kernel within a tie of
+    the fastest), then the fastest of those; ``None`` where none ran correctly."""
+    by_family: dict[str, list[tuple[float, str]]] = {}
+    configs = {}
+    for config, time_ms in timed:
+        if time_ms is not None:
+            by_family.setdefault(config.family, []).append((time_ms, config.name))
+            configs[config.name] = config
+    winners = []
+    for times in by_family.values():
+        family = family_of(configs[times[0][1]])
+        reference = family.reference_config(problem)
+        winners.append(pick_winner(times, reference.name if reference else None))
+    if not winners:
+        return None
+    time_ms, name = min(winners)
+    return Decision(configs[name], "quick", time_ms)
 
 
 def gpu_name() -> str:
@@ -245,15 +467,17 @@ def default_dispatcher() -> Dispatcher:
 
 
 def dispatch(a: Any, b: NMMatrix, out: Any = None, *, bias: Any = None,
-             activation: Activation | str | None = None, stream: Any = None) -> Any:
+             activation: Activation | str | None = None, stream: Any = None,
+             tune: str | None = None) -> Any:
     """``activation(a @ b + bias)`` with the best known kernel, the bias (``N`` values in
     ``b``'s dtype) and the activation (``"relu"``, ``"gelu"``, ``"gelu_tanh"``, ``"silu"``)
-    in its epilogue where given; see the module docstring."""
+    in its epilogue where given; ``tune="quick"`` times a few candidates on first use
+    where no exact record exists. See the module docstring."""
     return default_dispatcher()(a, b, out=out, bias=bias, activation=activation,
-                                stream=stream)
+                                stream=stream, tune=tune)
 
 
 def dispatch_stats() -> dict[str, int]:
     """How many calls were served from each source of ``SOURCES``: an exact record, a
-    nearest shape, another CUDA runtime's records, the model."""
+    quick tune, a nearest shape, another CUDA runtime's records, a transfer, the model."""
     return dict(default_dispatcher().counts)

@@ -4,7 +4,7 @@ tuner, dispatch, ``show`` and ``export`` all read winners from here, so they agr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -12,7 +12,7 @@ from sqlalchemy.engine import Engine
 from .families.base import Config
 from .families.registry import by_generator, config_from_dict
 from .problem import Problem
-from .store.records import ProblemKey, all_problems, shape_times
+from .store.records import ProblemKey, all_problems, family_times, shape_times
 from .store.tables import TrialStatus
 
 # The reference kernel, timed on every shape and again beside the finalists, wins where it
@@ -69,6 +69,40 @@ def best_per_problem(engine: Engine, key: ProblemKey, status: str = TrialStatus.
         params = next(p for t, n, p in trials if n == name)
         winners[shape] = Winner(config_from_dict(params), time_ms, shape)
     return winners
+
+
+@dataclass(frozen=True)
+class RelatedRecord:
+    """A tuned problem of the same family, dtype and A layout as another: its pattern,
+    vector length and shape, its winner and next fastest configurations (winner first)
+    and the winner's time."""
+
+    n: int
+    m: int
+    vec: int
+    shape: tuple[int, int, int]
+    configs: tuple[Config, ...]
+    time_ms: float
+
+
+def related_records(engine: Engine, key: ProblemKey, top: int = 3,
+                    status: str = TrialStatus.OK, any_cuda: bool = True
+                    ) -> list[RelatedRecord]:
+    """Every tuned problem of ``key``'s GPU, arch, family generator, dtype and A layout
+    (``key``'s pattern, vector length and shape aside): its winner (as
+    ``best_per_problem`` picks it) and its ``top - 1`` next fastest correct trials."""
+    out = []
+    for (n, m, vec, shape), trials in sorted(family_times(engine, key, status, any_cuda)
+                                             .items()):
+        related = replace(key, n=n, m=m, vec=vec, rows=shape[0], cols=shape[1],
+                          depth=shape[2])
+        times = [(t, name) for t, name, _ in trials]
+        time_ms, winner = pick_winner(times, reference_name(related))
+        params = {name: p for _, name, p in trials}
+        ordered = [winner] + [name for _, name in sorted(times) if name != winner]
+        configs = tuple(config_from_dict(params[name]) for name in ordered[:top])
+        out.append(RelatedRecord(n, m, vec, shape, configs, time_ms))
+    return out
 
 
 def summary(engine: Engine) -> list[dict[str, Any]]:

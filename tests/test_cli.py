@@ -148,3 +148,43 @@ def test_tune_without_family_gives_each_family_its_regime(tmp_path):
     assert by_family == {"f32": [1, 64, 65, 4096], "gemv": [1, 64]}
     named = _tasks(build_parser().parse_args([*base, "--family", "gemv"]))
     assert [t.shape[0] for t in named] == [1, 64, 65, 4096]
+
+
+def test_quick_tune_dry_run_takes_eight_trials_a_problem(tmp_path):
+    """``tune --quick``: 8 trials a problem unless ``--trials`` says otherwise."""
+    from nmgen.policy import summary
+    from nmgen.store.database import connect
+
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("1024 4096 4096\n100 4096 11008\n")
+    for extra, trials in (((), 8), (("--trials", "5"), 5)):
+        db = f"sqlite:///{tmp_path / f'quick{trials}.db'}"
+        result = nmgen_cli("tune", "--gpu", "h100", "--shapes", str(shapes), "--pattern",
+                           "2:4", "--vec", "32", "--dry-run", "--quick", "--compile-top", "0",
+                           "--quiet", "--db", db, *extra)
+        assert result.returncode == 0, result.stderr
+        assert "2 of 2 complete" in result.stdout
+        assert f": {trials} trials" in result.stderr
+        rows = summary(connect(db))
+        assert len(rows) == 2 and all(1 < r["trials"] <= trials for r in rows)
+
+
+def test_bench_untuned_plans_without_a_gpu(tmp_path):
+    """``bench-untuned --plan``: the kernels each row would time, and a refusal where the
+    untuned databases hold the problem or the tuned one lacks it."""
+    from nmgen.store.database import connect, shipped_db
+
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("1024 4096 4096\n256 4096 11008\n")
+    empty = tmp_path / "empty.db"
+    connect(f"sqlite:///{empty}")
+    shipped = str(shipped_db())
+    args = ("bench-untuned", "--plan", "h100", "--shapes", str(shapes), "--problems",
+            "8:32/32,4:32/32", "--quick")
+    planned = nmgen_cli(*args, "--tuned-db", shipped, "--untuned-db", str(empty))
+    assert planned.returncode == 0, planned.stderr
+    assert planned.stdout.count("| model (-) |") == 4 and "| 4 |" in planned.stdout
+    held = nmgen_cli(*args, "--tuned-db", shipped)  # the shipped records hold them
+    assert held.returncode == 2 and "untuned databases hold records" in held.stderr
+    lacking = nmgen_cli(*args, "--tuned-db", str(empty), "--untuned-db", str(empty))
+    assert lacking.returncode == 2 and "lacks 4 problems" in lacking.stderr

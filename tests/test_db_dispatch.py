@@ -92,10 +92,13 @@ def test_dispatcher_exact_nearest_and_model(db):
     assert dispatcher.decide(PROBLEM, KEY.shape).config == FAST
     decision = dispatcher.decide(PROBLEM, (1000, 4096, 4096))
     assert (decision.source, decision.config) == ("nearest", FAST)
-    other_pattern = Problem(4, 32, 32)
+    other_pattern = Problem(4, 32, 32)  # a record of 8:32: its kernels adapted
     decision = dispatcher.decide(other_pattern, KEY.shape)
-    assert decision.source == "model" and decision.config.n == 4
+    assert decision.source == "transfer" and decision.config.n == 4
     assert dispatcher.decide(other_pattern, KEY.shape) is decision  # cached
+    k_major = Problem(8, 32, 32, a_layout=ALayout.K_MAJOR)  # no record of its A layout
+    decision = dispatcher.decide(k_major, KEY.shape)
+    assert decision.source == "model" and decision.config.a_layout is ALayout.K_MAJOR
     # bf16 at M = 1024 with no bf16 records: the tensor-core family's model choice
     decision = dispatcher.decide(Problem(8, 32, 32, dtype="bf16"), KEY.shape)
     assert decision.source == "model" and decision.config.family == "mma"

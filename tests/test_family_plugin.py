@@ -106,8 +106,12 @@ def test_family_tunes_stores_and_is_dispatched_to(naive, tmp_path):
     dispatcher = Dispatcher([f"sqlite:///{tmp_path / 'tuned.db'}"], device=H100)
     decision = dispatcher.decide(PROBLEM, SHAPE)
     assert (decision.source, decision.config) == ("exact", report.winner.config)
-    other = dispatcher.decide(Problem(8, 32, 32), SHAPE)  # the naive family has no record
-    assert other.source == "model"
+    # Another pattern: the naive family's kernel adapted by the default Family.adapt (a
+    # tuned family's transfer comes before another family's model guess).
+    other = dispatcher.decide(Problem(8, 32, 32), SHAPE)
+    assert (other.source, other.config.family) == ("transfer", "naive")
+    assert (other.config.n, other.config.m, other.config.vec) == (8, 32, 32)
+    assert other.config.threads == report.winner.config.threads
 
 
 def test_family_plan_is_plain_data(naive):

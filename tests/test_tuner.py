@@ -16,6 +16,7 @@ from nmgen.store.database import connect
 from nmgen.store.records import record_trial, trials_of, update_times
 from nmgen.store.tables import TrialStatus
 from nmgen.tune.measurers import INFEASIBLE_MS, ModelMeasurer
+from nmgen.tune.studies import open_storage
 from nmgen.tune.task import TuneTask
 from nmgen.tune.tuner import (
     FINALISTS,
@@ -238,3 +239,69 @@ def test_tma_is_searched_where_the_gpu_has_the_engine():
     study = optuna.create_study()
     study.enqueue_trial(h100.space.values_of(config))
     assert suggest_config(study.ask(), h100) == config
+
+
+def test_a_study_seeds_from_the_kernels_of_other_tuned_patterns(tmp_path):
+    """Once 8:32 is tuned, a 2:8 study starts from its winners adapted to 2:8 (ranked by
+    the calibrated model), beside the reference and the model's guesses; the shipped
+    records serve a database of its own too (``transfer_engines``)."""
+    from nmgen.store.database import shipped_db
+    from nmgen.tune.tuner import SEEDS_FROM_TRANSFER
+
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    tuner = Tuner(connect(url), url, trials=8, batch=8, dry_run=True, log=lambda s: None)
+    shape = (1024, 4096, 4096)
+    donor = task_of("h100", 8, 32, 32, ALayout.ROW_MAJOR, *shape)
+    tuner.tune(donor)
+    winner = best_per_problem(tuner.engine, ModelMeasurer(donor).key,
+                              TrialStatus.MODEL)[shape].config
+    task = task_of("h100", 2, 8, 32, ALayout.ROW_MAJOR, *shape)
+    key = ModelMeasurer(task).key
+    moved = tuner.transferred(task, key)
+    assert 1 <= len(moved) <= SEEDS_FROM_TRANSFER
+    assert all((c.n, c.m, c.vec) == (2, 8, 32) for c in moved)
+    assert F32_SIMT.adapt(winner, task.problem) in moved
+    assert set(moved) <= set(tuner.seeds(task, key))
+    assert tuner.transferred(donor, ModelMeasurer(donor).key) == []  # no other pattern
+    none = Tuner(connect(url), url, dry_run=True, transfer_seed_count=0)
+    assert none.transferred(task, key) == []
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    shipped = connect(f"sqlite:///{shipped_db()}", writable=False)
+    fresh = Tuner(connect(empty), empty, dry_run=True, transfer_engines=(shipped,))
+    assert all(c.m == 8 for c in fresh.transferred(task, ModelMeasurer(task).key))
+    assert len(fresh.transferred(task, ModelMeasurer(task).key)) == SEEDS_FROM_TRANSFER
+
+
+def test_quick_preset_trials_finalists_and_no_cross_check(tmp_path, monkeypatch):
+    """``--quick``: 8 trials, fewer model seeds, two finalists, and a worker that skips
+    the cross-check once its studies are done."""
+    from nmgen.tune.command import QUICK_TRIALS, default_trials, tuner_options
+    from nmgen.tune.workers import run_worker
+
+    assert (default_trials(True), default_trials(False)) == (QUICK_TRIALS, 40)
+    assert tuner_options(False) == {}
+    options = tuner_options(True)
+    assert options["finalists"] == 2 and options["cross_checks"] is False
+
+    class Measured(Tuner):  # measured (not a dry run), by the model, as on a GPU
+        def measurer(self, task):
+            measurer = ModelMeasurer(task)
+            measurer.measure = lambda config, model_ms: (TrialStatus.OK, model_ms, None)
+            return measurer
+
+        def cross_check(self, task):
+            checked.append(task)
+            return None, None
+
+    tasks = [task_of("h100", 2, 4, 32, ALayout.ROW_MAJOR, m, 1024, 1024) for m in (256, 512)]
+    for quick in (False, True):
+        checked: list = []
+        url = f"sqlite:///{tmp_path / f'{quick}.db'}"
+        tuner = Measured(connect(url), open_storage(f"journal:{tmp_path / f'{quick}.j'}"),
+                         trials=default_trials(quick), log=lambda s: None,
+                         **tuner_options(quick))
+        report = run_worker(tuner, tasks, log=lambda s: None)
+        assert report.complete == 2 and len(checked) == (0 if quick else 2)
+        study = optuna.load_study(study_name=tuner.study_name(tasks[0]),
+                                  storage=tuner.storage)
+        assert len(study.trials) == (8 if quick else 40)

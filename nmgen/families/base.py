@@ -170,6 +170,31 @@ class Family(ABC):
         ranked = self.ranker(self.seed_candidates(problem, self.space), gpu).rank(*shape)
         return ranked[0][1] if ranked else None
 
+    def adapt(self, config: Config, problem: Problem) -> Config | None:
+        """``config`` (tuned for another pattern or vector length of the same dtype and A
+        layout) made for ``problem``, or ``None`` where no such kernel is valid and in the
+        family's space for it. First the same configuration with the problem's ``n``,
+        ``m`` and ``vec``; where that breaks a rule or leaves the space, the same space
+        values built for ``problem`` (sizes the space states per pattern then follow it)."""
+        values = config.to_dict()
+        values.update(n=problem.n, m=problem.m, vec=problem.vec)
+        try:
+            adapted = self.config_from_dict(values)
+        except (ValueError, TypeError):
+            adapted = None
+        if adapted is not None and self.in_space(adapted, problem):
+            return adapted
+        rebuilt = self.space.config(problem, self.space.values_of(config))
+        return rebuilt if rebuilt is not None and self.in_space(rebuilt, problem) else None
+
+    def in_space(self, config: Config, problem: Problem) -> bool:
+        """Whether ``config`` serves ``problem`` and is one the family's space offers it."""
+        if (config.n, config.m, config.vec, config.a_layout, config.dtype) != (
+                problem.n, problem.m, problem.vec, problem.a_layout, problem.dtype):
+            return False
+        allowed = self.space.choices(problem)
+        return all(v in allowed[name] for name, v in self.space.values_of(config).items())
+
     # ------------------------------------------------------------ code generation
     @property
     @abstractmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -150,3 +151,44 @@ class ProblemBench:
                 budget_ms: float = math.inf) -> float:
         return time_ms(self.launcher(kernel), warmup=warmup, repeat=repeat,
                        budget_ms=budget_ms)
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One candidate kernel on a problem's fresh data: its median time where it was
+    correct, otherwise why it has none (``wrong``: it ran, and missed the tolerance)."""
+
+    config: Any
+    time_ms: float | None
+    error: str | None = None
+    wrong: bool = False
+
+
+def time_candidates(problem: Problem, shape: tuple[int, int, int], configs: list[Any],
+                    rounds: int = 3, budget_ms: float = 200.0) -> list[Timed]:
+    """Check each of ``configs`` against float64 on fresh random data of ``problem`` at
+    ``shape`` (M, N, K), then time the correct ones ``rounds`` times in turns, their
+    repeats sized to about ``budget_ms`` of GPU time in all (median of each)."""
+    from .timing import time_in_turns
+
+    bench = ProblemBench(problem, *shape)
+    failed: dict[str, Timed] = {}
+    kernels: dict[str, Kernel] = {}
+    for config in configs:
+        try:
+            kernel = Kernel(config)
+            err = bench.error(kernel)
+        except Exception as exc:  # a kernel that fails to compile or launch is a result
+            failed[config.name] = Timed(config, None, f"{type(exc).__name__}: {exc}")
+            continue
+        if err < tolerance(problem.dtype):
+            kernels[config.name] = kernel
+        else:
+            failed[config.name] = Timed(config, None, f"relative error {err:.3g}", True)
+    times: dict[str, float] = {}
+    if kernels:
+        first = {name: bench.time_ms(k, warmup=1, repeat=3) for name, k in kernels.items()}
+        repeat = int(budget_ms / (len(kernels) * rounds * max(max(first.values()), 1e-3)))
+        times = time_in_turns({name: bench.launcher(k) for name, k in kernels.items()},
+                              rounds=rounds, repeat=max(3, min(15, repeat)))
+    return [failed.get(c.name) or Timed(c, times[c.name]) for c in configs]

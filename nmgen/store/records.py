@@ -120,10 +120,15 @@ def update_times(engine: Engine, key: ProblemKey, times: dict[str, float]) -> No
 
 
 def _problem_filter(key: ProblemKey, any_cuda: bool = False):
+    return (*_family_filter(key, any_cuda), ProblemRow.n == key.n, ProblemRow.m == key.m,
+            ProblemRow.vec == key.vec)
+
+
+def _family_filter(key: ProblemKey, any_cuda: bool = False):
+    """Records of ``key``'s GPU, arch, family generator, dtype and A layout."""
     cuda = () if any_cuda else (GpuRow.cuda_version == key.cuda_version,)
     return (GpuRow.name == key.gpu, GpuRow.arch == key.arch, *cuda,
-            ProblemRow.template_hash == key.template_hash, ProblemRow.n == key.n,
-            ProblemRow.m == key.m, ProblemRow.vec == key.vec, ProblemRow.dtype == key.dtype,
+            ProblemRow.template_hash == key.template_hash, ProblemRow.dtype == key.dtype,
             ProblemRow.a_layout == key.a_layout)
 
 
@@ -167,6 +172,28 @@ def shape_times(engine: Engine, key: ProblemKey, status: str, any_cuda: bool = F
             runtimes.setdefault((rows, cols, depth), {}).setdefault(cuda, []).append(
                 (time_ms, name, params))
     return {shape: by_cuda[max(by_cuda)] for shape, by_cuda in runtimes.items()}
+
+
+# A stored problem of one family, dtype and A layout: pattern, vector length and shape.
+Related = tuple[int, int, int, tuple[int, int, int]]
+
+
+def family_times(engine: Engine, key: ProblemKey, status: str, any_cuda: bool = False
+                 ) -> dict[Related, list[tuple[float, str, dict]]]:
+    """For every problem of ``key``'s GPU, arch, family generator, dtype and A layout,
+    whatever its pattern, vector length and shape, by ``(n, m, vec, shape)``: the (time,
+    name, parameters) of its trials of ``status``; ``any_cuda`` as in ``shape_times``."""
+    stmt = (select(ProblemRow.n, ProblemRow.m, ProblemRow.vec, ProblemRow.rows,
+                   ProblemRow.cols, ProblemRow.depth, TrialRow.time_ms, ConfigRow.name,
+                   ConfigRow.params, GpuRow.cuda_version)
+            .join(TrialRow.problem).join(ProblemRow.gpu).join(TrialRow.config_row)
+            .where(*_family_filter(key, any_cuda), TrialRow.status == status))
+    runtimes: dict[Related, dict[int, list]] = {}
+    with Session(engine) as session:
+        for n, m, vec, rows, cols, depth, time_ms, name, params, cuda in session.execute(stmt):
+            runtimes.setdefault((n, m, vec, (rows, cols, depth)), {}).setdefault(
+                cuda, []).append((time_ms, name, params))
+    return {problem: by_cuda[max(by_cuda)] for problem, by_cuda in runtimes.items()}
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,37 @@ from pathlib import Path
 
 from ..families.registry import config_from_dict
 from ..progress import Progress
-from ..store.database import connect
+from ..store.database import connect, database_url, shipped_db
 from ..store.tables import TrialStatus
 from .studies import open_storage
 from .tuner import Tuner, compile_report, default_ahead_workers
 from .workers import run_worker, supervise
+
+TRIALS = 40
+# ``nmgen tune --quick``: a shapes file in minutes. A study of 8 trials starts from the
+# kernels of other tuned patterns and vector lengths adapted to it and the model's best
+# three; two finalists are timed again; no cross-check of the neighbours' winners.
+QUICK_TRIALS = 8
+QUICK = {"model_seed_count": 3, "transfer_seed_count": 3, "finalists": 2,
+         "cross_checks": False}
+
+
+def default_trials(quick: bool) -> int:
+    return QUICK_TRIALS if quick else TRIALS
+
+
+def tuner_options(quick: bool) -> dict:
+    """The ``Tuner`` fields ``--quick`` sets (none without it)."""
+    return dict(QUICK) if quick else {}
+
+
+def transfer_engines(db_url: str) -> tuple:
+    """The shipped database, read only, where the tune writes elsewhere: transfer seeds
+    come from its records too."""
+    path = shipped_db()
+    if not path.exists() or database_url(db_url) == f"sqlite:///{path}":
+        return ()
+    return (connect(f"sqlite:///{path}", writable=False),)
 
 
 def process_age() -> float:
@@ -69,7 +95,7 @@ def tune_on_devices(args: argparse.Namespace, devices: list[str], db_url: str,
                 args.dtype, *(["--family", args.family] if args.family else []), "--trials",
                 str(args.trials), "--db", db_url, "--storage", storage_url,
                 "--worker-index", str(index), "--worker-count", str(len(devices)),
-                "--compile-top", str(args.compile_top)]
+                "--compile-top", str(args.compile_top), *(["--quick"] if args.quick else [])]
         if math.isfinite(args.time_budget):
             argv += ["--time-budget", str(args.time_budget)]
         for option, value in (("--compile-workers", args.compile_workers),
@@ -100,7 +126,8 @@ def tune_here(args: argparse.Namespace, tasks: list, db_url: str, storage_url: s
                   dry_run=args.dry_run, seed=args.worker_index, workers=workers,
                   ahead_workers=0 if args.dry_run else ahead,
                   in_flight=args.in_flight or Tuner.in_flight,
-                  log=lambda s: print(prefix + s, file=sys.stderr, flush=True))
+                  log=lambda s: print(prefix + s, file=sys.stderr, flush=True),
+                  transfer_engines=transfer_engines(db_url), **tuner_options(args.quick))
     done = [t for t in tasks if tuner.open_work(t)[0] >= tuner.trials]
     if len(done) == len(tasks):
         print(f"{prefix}all {len(tasks)} problems already have their {tuner.trials} trials in "

@@ -19,17 +19,18 @@ import sys
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
 from sqlalchemy.engine import Engine
 
 from ..cache import cache_file, load_or_build
+from ..calibration import shipped_calibration
 from ..codegen import render
 from ..families.base import Config, Ranker
 from ..families.registry import config_from_dict
-from ..policy import Winner, best_per_problem
+from ..policy import RelatedRecord, Winner, best_per_problem, related_records
 from ..shapes import shape_distance
 from ..store.records import ProblemKey, record_trial, trials_of, update_times
 from ..store.tables import GOOD, TrialStatus
@@ -38,6 +39,7 @@ from .task import TuneTask
 
 SEEDS_FROM_MODEL = 6
 SEEDS_FROM_TUNED = 3
+SEEDS_FROM_TRANSFER = 3  # kernels of other tuned patterns and vector lengths, adapted
 # Finalists: the fastest few of a problem are timed again, in turns, before one wins. One
 # timing a configuration picks the luckiest of dozens (bench and tuning runs disagreed by
 # up to 78 % on short problems); the family's reference kernel is always among them.
@@ -189,8 +191,15 @@ class Tuner:
     dry_run: bool = False
     seed: int = 0
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)
+    model_seed_count: int = SEEDS_FROM_MODEL  # the model's best guesses a study starts from
+    transfer_seed_count: int = SEEDS_FROM_TRANSFER  # ... and other tuned problems' kernels
+    finalists: int = FINALISTS  # the fastest few timed again before one wins
+    cross_checks: bool = True  # try the neighbours' winners once every study is done
+    # Other databases (read only) whose records transfer seeds come from: the shipped one
+    transfer_engines: tuple = ()
     _compile_pool: Any = None
     _ahead_done: set = field(default_factory=set)  # study names whose seeds are queued
+    _related: dict = field(default_factory=dict)  # transfer_engines' records, by key
 
     def study_name(self, task: TuneTask) -> str:
         return ("model-" if self.dry_run else "") + task.study_name
@@ -305,12 +314,12 @@ class Tuner:
         return queued
 
     def confirm(self, task: TuneTask, measurer) -> dict[str, float]:
-        """Time the problem's ``FINALISTS`` fastest correct configurations and the reference
+        """Time the problem's ``finalists`` fastest correct configurations and the reference
         kernel again, ``FINAL_ROUNDS`` times in turns, and store the medians: the winner is
         then read from these fairer times. Returns them."""
         good = sorted((row.time_ms, row.config_row.name, row.config_row.params)
                       for row in trials_of(self.engine, measurer.key) if row.status in GOOD)
-        finalists = {name: params for _, name, params in good[:FINALISTS]}
+        finalists = {name: params for _, name, params in good[:self.finalists]}
         reference = task.family.reference_config(task.problem)
         if reference is not None:
             finalists.update((name, params) for _, name, params in good
@@ -416,7 +425,8 @@ class Tuner:
 
     def _study(self, task: TuneTask, key: ProblemKey) -> optuna.Study:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        sampler = optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=SEEDS_FROM_MODEL)
+        sampler = optuna.samplers.TPESampler(seed=self.seed,
+                                             n_startup_trials=max(1, self.model_seed_count))
         study = optuna.create_study(study_name=self.study_name(task), storage=self.storage,
                                     sampler=sampler, direction="minimize",
                                     load_if_exists=True)
@@ -428,10 +438,46 @@ class Tuner:
         """What a study tries first, in this order: the family's hand-picked reference
         configuration (the reference no tuned shape should fall below; ``confirm`` times
         it again beside the finalists), the winners of the nearest shapes already tuned,
-        then the model's best guesses."""
+        the kernels of other tuned patterns and vector lengths adapted to the problem
+        (``transfer_seed_count``), then the model's best guesses."""
         seeds = [*_reference_seed(task), *self.neighbours(task, key),
-                 *model_seeds(task, SEEDS_FROM_MODEL)]
+                 *self.transferred(task, key), *model_seeds(task, self.model_seed_count)]
         return [c for c in dict.fromkeys(seeds) if task.space.contains(c)]
+
+    def transferred(self, task: TuneTask, key: ProblemKey) -> list[Config]:
+        """The ``transfer_seed_count`` best by the calibrated model of the kernels that tuned
+        problems of other patterns and vector lengths (of this family, dtype and A
+        layout; in this database and ``transfer_engines``) won, adapted to ``task``."""
+        from ..transfer import MODEL, ranked
+
+        if self.transfer_seed_count <= 0:
+            return []
+        records = self._related_records(task, key)
+        if not any((r.n, r.m, r.vec) != (key.n, key.m, key.vec) for r in records):
+            return []
+        gpu_key = replace(key, gpu=task.gpu.name)
+        calibration = shipped_calibration(task.family, gpu_key, task.gpu)
+        found = ranked(task.family, task.problem, task.shape, task.gpu, calibration, records,
+                       model_count=0)
+        return [c.config for c in found if c.origin != MODEL
+                and task.space.contains(c.config)][:self.transfer_seed_count]
+
+    def _related_records(self, task: TuneTask, key: ProblemKey) -> list[RelatedRecord]:
+        """Tuned problems of ``task``'s family, dtype and A layout: this database's (a dry
+        run's estimates in a dry run), then those of ``transfer_engines`` (measured, on
+        ``task``'s GPU) that it lacks."""
+        status = TrialStatus.MODEL if self.dry_run else TrialStatus.OK
+        found = {(r.n, r.m, r.vec, r.shape): r
+                 for r in related_records(self.engine, key, status=status)}
+        other_key = replace(key, gpu=task.gpu.name)
+        cache_key = (other_key.gpu, other_key.arch, other_key.template_hash, other_key.dtype,
+                     other_key.a_layout)
+        if cache_key not in self._related:
+            self._related[cache_key] = [r for engine in self.transfer_engines
+                                        for r in related_records(engine, other_key)]
+        for record in self._related[cache_key]:
+            found.setdefault((record.n, record.m, record.vec, record.shape), record)
+        return list(found.values())
 
     def neighbours(self, task: TuneTask, key: ProblemKey) -> list[Config]:
         """The winners of the nearest shapes tuned so far (nearest first, at most

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,17 @@ class F32Simt(Family):
             return [config.replace(stream_k=True, split_k=1, slice_k=1)]
         except ConfigError:
             return []
+
+    def adapt(self, config: KernelConfig, problem: Problem) -> KernelConfig | None:
+        """The same tiles and pipeline for ``problem``, with the stage depth ``KS`` the
+        space allows nearest the tuned one (the dense window of A a stage holds)."""
+        values = self.space.values_of(config)
+        windows = min(self.space.choices(problem)["ks_windows"],
+                      key=lambda w: (abs(math.log(problem.m * w / config.ks)), w))
+        adapted = self.space.config(problem, {**values, "ks_windows": windows})
+        if adapted is not None and self.in_space(adapted, problem):
+            return adapted
+        return super().adapt(config, problem)
 
     def reference_config(self, problem: Problem) -> KernelConfig | None:
         return core_config(problem)
