@@ -153,7 +153,7 @@ def test_dispatch_runs_the_epilogue_variant(rows, dtype, gpu_cases):
     a = make_a(rng, rows, 1000, ALayout.ROW_MAJOR, dt)
     bias = device_array(cp.asarray(rng.standard_normal(520, np.float32)), dt)
     out = dispatcher(a, weight, bias=bias, activation="silu")
-    (kernel, _), = dispatcher._fast.values()
+    (kernel, *_), = dispatcher._fast.values()
     assert kernel.name.endswith("_bias_silu")
     problem = Problem(8, 32, 128, ALayout.ROW_MAJOR, info.arch, dt)
     assert kernel.config == dataclasses.replace(

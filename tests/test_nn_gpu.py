@@ -112,7 +112,7 @@ def test_layer_epilogue_matches_the_float64_product(dtype, activation, bias, gpu
             out = layer(x)
         torch.cuda.synchronize()
         assert not bool(out.isnan().any()), "output left unwritten"
-        rtol = {torch.float16: 2e-3}.get(dtype, LAYER_RTOL[dtype])
+        rtol = LAYER_RTOL.get(dtype, 2e-3)  # float16 rounds at 2**-11
         assert rel_err(out, layer_reference(layer, x)) < rtol, (activation, rows)
         gpu_cases["kernel_cases"] += 1
 
