@@ -305,3 +305,39 @@ def test_quick_preset_trials_finalists_and_no_cross_check(tmp_path, monkeypatch)
         study = optuna.load_study(study_name=tuner.study_name(tasks[0]),
                                   storage=tuner.storage)
         assert len(study.trials) == (8 if quick else 40)
+
+
+def test_remeasure_confirms_only_a_kernel_near_the_best(tmp_path):
+    """A kernel measured after the finalists were confirmed is timed again beside them
+    only where it came within CONFIRM_MARGIN of the best; a slower one is just recorded."""
+    from nmgen.tune.tuner import CONFIRM_MARGIN
+
+    task = task_of("h100", 8, 32, 32, ALayout.ROW_MAJOR, 256, 2048, 2048)
+    best, slow, close = model_seeds(task, 3)
+    times = {best.name: 1.0, slow.name: 1.0 + 3 * CONFIRM_MARGIN,
+             close.name: 1.0 + CONFIRM_MARGIN / 2}
+
+    class Fixed(ModelMeasurer):
+        def measure(self, config, model_ms):
+            return TrialStatus.MODEL, times[config.name], None
+
+    class Counting(Tuner):
+        confirmed = 0
+
+        def measurer(self, task):
+            return Fixed(task)
+
+        def confirm(self, task, measurer):
+            Counting.confirmed += 1
+            return {}
+
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    tuner = Counting(connect(url), storage=None, dry_run=True)
+    key = Fixed(task).key
+    record_trial(tuner.engine, key, best, render(best).sha256, TrialStatus.MODEL, 1.0, 1.0)
+    tuner.remeasure(task, [slow])
+    assert Counting.confirmed == 0
+    assert {r.config_row.name for r in trials_of(tuner.engine, key)} == {best.name, slow.name}
+    tuner.remeasure(task, [slow, close])  # slow is known: only close is measured
+    assert Counting.confirmed == 1
+    assert best_per_problem(tuner.engine, key, TrialStatus.MODEL)[task.shape].config == best
