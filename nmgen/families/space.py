@@ -8,12 +8,14 @@ exhaustive comparison) and replay all derive from it.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol, Self
 
 from ..epilogue import Epilogue
 from ..problem import Problem
@@ -53,6 +55,41 @@ def epilogue_json(values: dict[str, Any], config: Any) -> dict[str, Any]:
     if config.epilogue:
         values["epilogue"] = config.epilogue.tag
     return values
+
+
+class ConfigRecord:
+    """The record side of a family's frozen configuration dataclass: its parameters as
+    JSON values (enums by value, the epilogue by its tag, ``family`` added) and back,
+    and ``replace``, which validates the result as construction does."""
+
+    family: ClassVar[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = epilogue_json(dataclasses.asdict(self), self)  # type: ignore[call-overload]
+        d = {k: v.value if isinstance(v, Enum) else v for k, v in d.items()}
+        d["family"] = self.family
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Self:
+        d = dict(d)
+        family = d.pop("family", cls.family)
+        if family != cls.family:
+            raise ConfigError(f"a {family} configuration is not a {cls.family} one: {d}")
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        if unknown:
+            raise ConfigError(f"unknown configuration keys: {sorted(unknown)}")
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Self:
+        return cls.from_dict(json.loads(text))
+
+    def replace(self, **changes: Any) -> Self:
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
 
 
 @dataclass(frozen=True)

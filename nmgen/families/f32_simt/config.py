@@ -4,10 +4,9 @@ serialisable (DESIGN §2). Its rules are the family's resource rules."""
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar
 
@@ -15,7 +14,7 @@ from ...epilogue import NO_EPILOGUE, Epilogue
 from ...format import MAX_M, DType
 from ...gpus import REGISTERS_PER_SM, Arch
 from ...problem import ALayout
-from ..space import ConfigError, coerce_enums, coerce_epilogue, epilogue_json
+from ..space import ConfigError, ConfigRecord, coerce_enums, coerce_epilogue
 
 
 class ATile(str, Enum):
@@ -48,7 +47,7 @@ TMA_ALIGN_WORDS = 32  # 128 bytes
 
 
 @dataclass(frozen=True)
-class KernelConfig:
+class KernelConfig(ConfigRecord):
     n: int
     m: int
     vec: int  # L
@@ -458,38 +457,11 @@ class KernelConfig:
         parameters, the generated header and the source of every older kernel stay as
         they were (its tuned records then carry over: ``nmgen.carry``); so is the epilogue
         where there is none."""
-        d = epilogue_json(asdict(self), self)
-        for key in ("a_layout", "a_tile", "arch"):
-            d[key] = d[key].value
-        d["family"] = self.family
+        d = super().to_dict()
         for key, default in LATER_PARAMETERS.items():
             if d[key] == default:
                 del d[key]
         return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> KernelConfig:
-        d = dict(d)
-        family = d.pop("family", FAMILY)
-        if family != FAMILY:
-            raise ConfigError(f"a {family} configuration is not a {FAMILY} one")
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ConfigError(f"unknown configuration keys: {sorted(unknown)}")
-        return cls(**d)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> KernelConfig:
-        return cls.from_dict(json.loads(text))
-
-    def replace(self, **changes: Any) -> KernelConfig:
-        d = self.to_dict()
-        d.update(changes)
-        return KernelConfig.from_dict(d)
 
     def cp_async_twin(self) -> KernelConfig:
         """The same tiles with cp.async copies: what a ``tma`` kernel runs on an A that

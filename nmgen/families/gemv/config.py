@@ -3,17 +3,16 @@ named after every parameter and serialisable. Its rules are the family's resourc
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import ClassVar
 
 from ...epilogue import NO_EPILOGUE, Epilogue
 from ...format import MAX_M, DType
 from ...gpus import REGISTERS_PER_SM, Arch
 from ...problem import ALayout
-from ..space import ConfigError, coerce_enums, coerce_epilogue, epilogue_json
+from ..space import ConfigError, ConfigRecord, coerce_enums, coerce_epilogue
 
 FAMILY = "gemv"
 MAX_THREADS = 1024
@@ -22,7 +21,7 @@ LOAD_BYTES = (2, 4, 8, 16)  # what one load of COLS elements may be
 
 
 @dataclass(frozen=True)
-class GemvConfig:
+class GemvConfig(ConfigRecord):
     n: int
     m: int
     vec: int  # L
@@ -111,28 +110,6 @@ class GemvConfig:
         return cls(**{k: int(v) for k, v in g.items() if k not in ("dtype", "layout", "arch")},
                    a_layout=ALayout(g["layout"]), arch=Arch(f"sm_{g['arch']}"),
                    dtype=DType(g["dtype"]), epilogue=epilogue)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.update(a_layout=self.a_layout.value, arch=self.arch.value, dtype=self.dtype.value,
-                 family=FAMILY)
-        return epilogue_json(d, self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> GemvConfig:
-        d = dict(d)
-        if d.pop("family", FAMILY) != FAMILY:
-            raise ConfigError(f"not a {FAMILY} configuration: {d}")
-        unknown = set(d) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ConfigError(f"unknown configuration keys: {sorted(unknown)}")
-        return cls(**d)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    def replace(self, **changes: Any) -> GemvConfig:
-        return replace(self, **changes)
 
 
 _NAME_RE = re.compile(

@@ -10,17 +10,16 @@ rows a stage (whole ``k16`` steps of the MMA). Its ``warps_m × warps_n`` warps 
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import ClassVar
 
 from ...epilogue import NO_EPILOGUE, Epilogue
 from ...format import MAX_M, DType
 from ...gpus import REGISTERS_PER_SM, Arch
 from ...problem import ALayout
-from ..space import ConfigError, coerce_enums, coerce_epilogue, epilogue_json
+from ..space import ConfigError, ConfigRecord, coerce_enums, coerce_epilogue
 
 FAMILY = "mma"
 DTYPES = frozenset({DType.BF16, DType.F16})
@@ -38,7 +37,7 @@ REGISTER_OVERHEAD = 56
 
 
 @dataclass(frozen=True)
-class MmaConfig:
+class MmaConfig(ConfigRecord):
     n: int
     m: int
     vec: int  # L
@@ -188,29 +187,6 @@ class MmaConfig:
                    int(g["warps_m"]), int(g["warps_n"]), int(g["stages"]),
                    a_layout=ALayout(g["layout"]), arch=Arch(f"sm_{g['arch']}"),
                    dtype=DType(g["dtype"]), epilogue=epilogue)
-
-    # ----------------------------------------------------------------- JSON
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.update(a_layout=self.a_layout.value, arch=self.arch.value, dtype=self.dtype.value,
-                 family=FAMILY)
-        return epilogue_json(d, self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> MmaConfig:
-        d = dict(d)
-        if d.pop("family", FAMILY) != FAMILY:
-            raise ConfigError(f"not a {FAMILY} configuration: {d}")
-        unknown = set(d) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ConfigError(f"unknown configuration keys: {sorted(unknown)}")
-        return cls(**d)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    def replace(self, **changes: Any) -> MmaConfig:
-        return replace(self, **changes)
 
 
 _NAME_RE = re.compile(
