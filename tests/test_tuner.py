@@ -289,7 +289,7 @@ def test_quick_preset_trials_finalists_and_no_cross_check(tmp_path, monkeypatch)
             measurer.measure = lambda config, model_ms: (TrialStatus.OK, model_ms, None)
             return measurer
 
-        def cross_check(self, task):
+        def cross_check(self, task, winners=None):
             checked.append(task)
             return None, None
 

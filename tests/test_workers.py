@@ -631,3 +631,37 @@ def test_cross_check_share_gives_every_problem_to_one_worker():
         shares = [cross_check_share(tasks, i, count) for i in range(count)]
         assert sorted(t for share in shares for t in share) == sorted(tasks)
         assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+
+def test_a_workers_cross_check_reads_every_winner_once(tmp_path, monkeypatch):
+    """Once every study is complete, a worker cross-checks its problems with one read of
+    every shape's winners (three a problem before), then each problem's winner alone;
+    every problem ends with its winner, as a fresh read has it."""
+    from nmgen.policy import best_per_problem
+    from nmgen.store.tables import TrialStatus
+    from nmgen.tune import tuner as tuner_module
+    from nmgen.tune.measurers import ModelMeasurer
+    from nmgen.tune.workers import _cross_check
+
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    storage = open_storage(f"journal:{tmp_path / 'studies.journal'}")
+    tuner = Tuner(connect(url), storage, trials=8, batch=8, dry_run=True, log=lambda s: None)
+    tasks = [task_of(m) for m in (32, 64, 128, 256, 512)]
+    checked: list = []
+    real_check = tuner.cross_check
+    monkeypatch.setattr(tuner, "cross_check", lambda task, winners=None: (
+        checked.append(task), real_check(task, winners))[1])
+    assert run_worker(tuner, tasks, log=lambda s: None).complete == len(tasks)
+    assert checked == tasks  # a dry run cross-checks too
+    whole, alone = [], []
+    real_times = tuner_module.shape_times
+    monkeypatch.setattr(tuner_module, "best_per_problem",
+                        lambda *a, **k: whole.append(a[1]) or best_per_problem(*a, **k))
+    monkeypatch.setattr(tuner_module, "shape_times", lambda *a, only_shape=False, **k: (
+        alone.append(only_shape) or real_times(*a, only_shape=only_shape, **k)))
+    _cross_check(tuner, tasks, lambda s: None)
+    assert len(whole) == 1 and alone == [True] * len(tasks)
+    winners = best_per_problem(tuner.engine, ModelMeasurer(tasks[0]).key, TrialStatus.MODEL)
+    assert sorted(winners) == sorted(t.shape for t in tasks)
+    assert all(tuner.winner_of(ModelMeasurer(t).key) == winners[t.shape] for t in tasks)

@@ -157,15 +157,19 @@ def latest_ceilings(engine: Engine, gpu: str) -> CeilingRow | None:
                                ).first()
 
 
-def shape_times(engine: Engine, key: ProblemKey, status: str, any_cuda: bool = False
+def shape_times(engine: Engine, key: ProblemKey, status: str, any_cuda: bool = False,
+                only_shape: bool = False
                 ) -> dict[tuple[int, int, int], list[tuple[float, str, dict]]]:
-    """For every shape of ``key``'s problem (all but the shape): the (time, name,
-    parameters) of each of its trials of ``status``; ``any_cuda``: recorded under any
-    CUDA runtime, the newest runtime's where several hold a shape."""
+    """For every shape of ``key``'s problem (all but the shape; ``only_shape``: ``key``'s
+    shape alone): the (time, name, parameters) of each of its trials of ``status``;
+    ``any_cuda``: recorded under any CUDA runtime, the newest runtime's where several
+    hold a shape."""
+    shape = (ProblemRow.rows == key.rows, ProblemRow.cols == key.cols,
+             ProblemRow.depth == key.depth) if only_shape else ()
     stmt = (select(ProblemRow.rows, ProblemRow.cols, ProblemRow.depth, TrialRow.time_ms,
                    ConfigRow.name, ConfigRow.params, GpuRow.cuda_version)
             .join(TrialRow.problem).join(ProblemRow.gpu).join(TrialRow.config_row)
-            .where(*_problem_filter(key, any_cuda), TrialRow.status == status))
+            .where(*_problem_filter(key, any_cuda), *shape, TrialRow.status == status))
     runtimes: dict[tuple[int, int, int], dict[int, list]] = {}
     with Session(engine) as session:
         for rows, cols, depth, time_ms, name, params, cuda in session.execute(stmt):

@@ -30,9 +30,16 @@ from ..calibration import shipped_calibration
 from ..codegen import render
 from ..families.base import Config, Ranker
 from ..families.registry import config_from_dict
-from ..policy import RelatedRecord, Winner, best_per_problem, related_records
+from ..policy import (
+    RelatedRecord,
+    Winner,
+    best_per_problem,
+    pick_winner,
+    reference_name,
+    related_records,
+)
 from ..shapes import shape_distance
-from ..store.records import ProblemKey, record_trial, trials_of, update_times
+from ..store.records import ProblemKey, record_trial, shape_times, trials_of, update_times
 from ..store.tables import GOOD, TrialStatus
 from .measurers import INFEASIBLE_MS, GpuMeasurer, ModelMeasurer
 from .task import TuneTask
@@ -253,9 +260,7 @@ class Tuner:
         if data_s:
             phases.add("measure", -data_s)
             phases.add("data", data_s)
-        winner = best_per_problem(self.engine, measurer.key,
-                                  TrialStatus.MODEL if self.dry_run else TrialStatus.OK
-                                  ).get((task.rows, task.cols, task.depth))
+        winner = self.winner_of(measurer.key)
         report = TuneReport(task, self._done(study), measured, winner,
                             time.monotonic() - start, statuses, phases)
         self.log(f"{self.study_name(task)}: {report.trials} trials ({measured} measured "
@@ -279,24 +284,50 @@ class Tuner:
         fresh_ms = [self._outcome(task, measurer, config, known)[1] for config in fresh]
         if fresh_ms and min(fresh_ms) <= best_ms * (1.0 + CONFIRM_MARGIN):
             self.confirm(task, measurer)
-        status = TrialStatus.MODEL if self.dry_run else TrialStatus.OK
-        return best_per_problem(self.engine, measurer.key, status).get(
-            (task.rows, task.cols, task.depth))
+        return self.winner_of(measurer.key)
 
-    def cross_check(self, task: TuneTask) -> tuple[Winner | None, Winner | None]:
+    @property
+    def status(self) -> str:
+        """The status of the trials that win: measured, or a dry run's estimates."""
+        return TrialStatus.MODEL if self.dry_run else TrialStatus.OK
+
+    def problem_key(self, task: TuneTask) -> ProblemKey:
+        """The key ``task``'s results are stored under (its measurer's)."""
+        return self.measurer(task).key
+
+    def winners(self, key: ProblemKey) -> dict[tuple[int, int, int], Winner]:
+        """The winner of every tuned shape of ``key``'s problem: one read of the database."""
+        return best_per_problem(self.engine, key, self.status)
+
+    def winner_of(self, key: ProblemKey) -> Winner | None:
+        """The winner of ``key``'s shape alone (its trials only are read)."""
+        times = shape_times(self.engine, key, self.status, only_shape=True).get(key.shape)
+        if not times:
+            return None
+        time_ms, name = pick_winner([(t, n) for t, n, _ in times], reference_name(key))
+        params = next(p for t, n, p in times if n == name)
+        return Winner(config_from_dict(params), time_ms, key.shape)
+
+    def cross_check(self, task: TuneTask, winners: dict | None = None
+                    ) -> tuple[Winner | None, Winner | None]:
         """Once every study has its trials: measure on ``task``'s problem the winners of
         its nearest tuned shapes that it has not tried (shapes tuned after it, or beside
         it by another worker), then time the finalists again. Their kernels are compiled
         already, so this costs a few timings a shape, and a winner depends less on the
         order the shapes were tuned in: with two workers, a worker's first shape has no
         tuned neighbours to start from (docs/engineering-notes.md §10).
+        ``winners``: every shape's winner (``winners``), read once for many problems and
+        updated here with this problem's; read afresh without it.
         Returns the problem's winner before and after."""
         measurer = self.measurer(task)
-        status = TrialStatus.MODEL if self.dry_run else TrialStatus.OK
-        shape = (task.rows, task.cols, task.depth)
-        before = best_per_problem(self.engine, measurer.key, status).get(shape)
-        neighbours = [c for c in self.neighbours(task, measurer.key) if task.space.contains(c)]
-        return before, self.remeasure(task, neighbours, measurer)
+        winners = self.winners(measurer.key) if winners is None else winners
+        before = winners.get(measurer.key.shape)
+        neighbours = [c for c in nearest_winners(measurer.key.shape, winners)
+                      if task.space.contains(c)]
+        after = self.remeasure(task, neighbours, measurer)
+        if after is not None:
+            winners[measurer.key.shape] = after
+        return before, after
 
     def compile_ahead(self, tasks: Sequence[TuneTask]) -> int:
         """Queue the seeds of ``tasks`` (the studies to come) for the spare compile
@@ -466,7 +497,7 @@ class Tuner:
         """Tuned problems of ``task``'s family, dtype and A layout: this database's (a dry
         run's estimates in a dry run), then those of ``transfer_engines`` (measured, on
         ``task``'s GPU) that it lacks."""
-        status = TrialStatus.MODEL if self.dry_run else TrialStatus.OK
+        status = self.status
         found = {(r.n, r.m, r.vec, r.shape): r
                  for r in related_records(self.engine, key, status=status)}
         other_key = replace(key, gpu=task.gpu.name)
@@ -482,12 +513,7 @@ class Tuner:
     def neighbours(self, task: TuneTask, key: ProblemKey) -> list[Config]:
         """The winners of the nearest shapes tuned so far (nearest first, at most
         ``SEEDS_FROM_TUNED`` distinct configurations)."""
-        shape = (task.rows, task.cols, task.depth)
-        status = TrialStatus.MODEL if self.dry_run else TrialStatus.OK
-        nearest = sorted(((s, w) for s, w in best_per_problem(self.engine, key, status).items()
-                          if s != shape),
-                         key=lambda sw: (shape_distance(sw[0], shape), sw[1].config.name))
-        return list(dict.fromkeys(w.config for _, w in nearest))[:SEEDS_FROM_TUNED]
+        return nearest_winners(key.shape, self.winners(key))
 
     @staticmethod
     def _planned(study: optuna.Study) -> int:
@@ -497,6 +523,15 @@ class Tuner:
     def _done(study: optuna.Study) -> int:
         return len(study.get_trials(deepcopy=False,
                                     states=(optuna.trial.TrialState.COMPLETE,)))
+
+
+def nearest_winners(shape: tuple[int, int, int], winners: dict[tuple[int, int, int], Winner]
+                    ) -> list[Config]:
+    """The winners of the shapes nearest ``shape`` among ``winners`` (by shape; nearest
+    first, at most ``SEEDS_FROM_TUNED`` distinct configurations)."""
+    nearest = sorted(((s, w) for s, w in winners.items() if s != shape),
+                     key=lambda sw: (shape_distance(sw[0], shape), sw[1].config.name))
+    return list(dict.fromkeys(w.config for _, w in nearest))[:SEEDS_FROM_TUNED]
 
 
 def _reference_seed(task: TuneTask) -> list[Config]:

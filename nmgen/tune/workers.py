@@ -149,7 +149,7 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
                 log(f"time budget spent: {len(unfinished)} of {len(tasks)} studies short "
                     "of their trials")
             _give_back_seeds(tuner, [t for t in order if t not in unfinished])
-            if not unfinished and not tuner.dry_run and tuner.cross_checks:
+            if not unfinished and tuner.cross_checks:
                 with phases("cross-check"):
                     _cross_check(tuner, cross_check_share(tasks, index, count), log)
             return WorkerReport(len(worked), len(tasks) - len(unfinished), len(tasks),
@@ -281,10 +281,14 @@ def cross_check_share(tasks: Sequence[TuneTask], index: int, count: int) -> list
 
 def _cross_check(tuner: Tuner, tasks: Sequence[TuneTask], log: Callable[[str], None]) -> None:
     """Every study is complete: each of this worker's problems tries its tuned
-    neighbours' winners (``Tuner.cross_check``)."""
+    neighbours' winners (``Tuner.cross_check``), all winners read once."""
     changed = []
+    winners: dict[tuple, dict] = {}  # every shape's winner, by problem less its shape
     for task in tasks:
-        before, after = tuner.cross_check(task)
+        key = tuner.problem_key(task)
+        if key.without_shape() not in winners:
+            winners[key.without_shape()] = tuner.winners(key)
+        before, after = tuner.cross_check(task, winners[key.without_shape()])
         if before and after and after.config != before.config:
             changed.append(f"{tuner.study_name(task)}: {before.time_ms:.4f} ms -> "
                            f"{after.time_ms:.4f} ms {after.config.name}")
