@@ -648,12 +648,7 @@ def test_a_workers_cross_check_reads_every_winner_once(tmp_path, monkeypatch):
     storage = open_storage(f"journal:{tmp_path / 'studies.journal'}")
     tuner = Tuner(connect(url), storage, trials=8, batch=8, dry_run=True, log=lambda s: None)
     tasks = [task_of(m) for m in (32, 64, 128, 256, 512)]
-    checked: list = []
-    real_check = tuner.cross_check
-    monkeypatch.setattr(tuner, "cross_check", lambda task, winners=None: (
-        checked.append(task), real_check(task, winners))[1])
     assert run_worker(tuner, tasks, log=lambda s: None).complete == len(tasks)
-    assert checked == tasks  # a dry run cross-checks too
     whole, alone = [], []
     real_times = tuner_module.shape_times
     monkeypatch.setattr(tuner_module, "best_per_problem",

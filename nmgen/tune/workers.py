@@ -149,7 +149,7 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
                 log(f"time budget spent: {len(unfinished)} of {len(tasks)} studies short "
                     "of their trials")
             _give_back_seeds(tuner, [t for t in order if t not in unfinished])
-            if not unfinished and tuner.cross_checks:
+            if not unfinished and not tuner.dry_run and tuner.cross_checks:
                 with phases("cross-check"):
                     _cross_check(tuner, cross_check_share(tasks, index, count), log)
             return WorkerReport(len(worked), len(tasks) - len(unfinished), len(tasks),
