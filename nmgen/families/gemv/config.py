@@ -61,11 +61,12 @@ class GemvConfig(ConfigRecord):
 
     @property
     def registers_estimate(self) -> int:
-        """Registers a thread: the sums, the loads in flight with their indices, the
-        groups loaded ahead (as loaded: 32-bit words, and the A offsets), and addressing
-        (ptxas used 32-168 on sampled configurations without prefetch)."""
+        """Registers a thread: the sums, the loads in flight with their indices, and
+        addressing (ptxas used 32-168 on sampled configurations without prefetch); with
+        prefetch, each group ahead (as loaded: 32-bit words, and the A offsets) and the A
+        values that ptxas reads early for it (ROWS an index)."""
         words = -(-self.load_bytes // 4)
-        ahead = self.prefetch * self.unroll * (words + self.groups)
+        ahead = self.prefetch * (self.unroll * (words + self.groups) + self.rows * self.groups)
         return self.rows * self.cols + self.unroll * (self.cols + self.groups) + ahead + 40
 
     def smem_bytes(self, windows_per_slice: int) -> int:
