@@ -3,8 +3,9 @@ data: for each family, configurations that reach each way C is written (f32: dat
 split-K's reduction, stream-K's finishing blocks, sliced K's slice 0, the bulk copy engine,
 the copied and pipelined A; gemv: one slice and the last block's sum of several, with and
 without rows loaded ahead; mma: both A layouts and odd N), each with every epilogue, on odd
-shapes from M = 1, the output poisoned with NaN. The reference is the float64 product of the rounded inputs, plus the
-rounded bias, then the activation in float64 (``nmgen.reference``'s epilogue).
+shapes from M = 1, the output poisoned with NaN. The reference is the float64 product of
+the rounded inputs, plus the rounded bias, then the activation in float64
+(``nmgen.reference``'s epilogue).
 """
 
 from __future__ import annotations
