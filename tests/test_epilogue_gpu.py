@@ -1,10 +1,11 @@
 """GPU: every family's epilogue (bias, activation, both) against float64, on fresh random
 data: for each family, configurations that reach each way C is written (f32: data-parallel,
 split-K's reduction, stream-K's finishing blocks, sliced K's slice 0, the bulk copy engine,
-the copied and pipelined A; gemv: one slice and the last block's sum of several; mma: both
-A layouts and odd N), each with every epilogue, on odd shapes from M = 1, the output
-poisoned with NaN. The reference is the float64 product of the rounded inputs, plus the
-rounded bias, then the activation in float64 (``nmgen.reference``'s epilogue).
+the copied and pipelined A; gemv: one slice and the last block's sum of several, with and
+without rows loaded ahead; mma: both A layouts and odd N), each with every epilogue, on odd
+shapes from M = 1, the output poisoned with NaN. The reference is the float64 product of
+the rounded inputs, plus the rounded bias, then the activation in float64
+(``nmgen.reference``'s epilogue).
 """
 
 from __future__ import annotations
@@ -46,7 +47,11 @@ GEMV = [GemvConfig(8, 32, 128, rows=4, col_threads=64, lanes=2, cols=8, unroll=4
                    dtype="f16", a_layout="km"),
         GemvConfig(4, 16, 32, rows=1, col_threads=128, lanes=1, cols=4, unroll=4, split_k=4),
         GemvConfig(16, 32, 128, rows=8, col_threads=32, lanes=2, cols=2, unroll=2,
-                   dtype="bf16", a_layout="km")]
+                   dtype="bf16", a_layout="km"),
+        GemvConfig(8, 32, 128, rows=1, col_threads=128, lanes=2, cols=8, unroll=4, split_k=8,
+                   prefetch=2, dtype="bf16"),
+        GemvConfig(8, 32, 128, rows=2, col_threads=64, lanes=1, cols=4, unroll=8, prefetch=1,
+                   dtype="f16", a_layout="km")]
 MMA = [MmaConfig.from_name("nm_mma_bf16_n8m32l128_b64x128x32_w2x2_s3_rm_sm80"),
        MmaConfig.from_name("nm_mma_f16_n8m32l128_b64x64x32_w2x2_s3_km_sm80"),
        MmaConfig.from_name("nm_mma_bf16_n2m4l64_b64x64x32_w2x2_s2_km_sm80"),

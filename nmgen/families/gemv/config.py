@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ...epilogue import NO_EPILOGUE, Epilogue
 from ...format import MAX_M, DType
@@ -17,7 +17,12 @@ from ..space import ConfigError, ConfigRecord, coerce_enums, coerce_epilogue
 FAMILY = "gemv"
 MAX_THREADS = 1024
 MAX_ACCUMULATORS = 128  # ROWS x COLS FP32 sums a thread
+MAX_REGISTERS = 255
 LOAD_BYTES = (2, 4, 8, 16)  # what one load of COLS elements may be
+MAX_PREFETCH = 2  # groups of UNROLL rows a thread may load ahead of its FMAs
+
+# Parameters that came after the first tuned kernels, with the default that reproduces them.
+LATER_PARAMETERS: dict[str, Any] = {"prefetch": 0}
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,7 @@ class GemvConfig(ConfigRecord):
     cols: int  # consecutive columns a thread streams (one load)
     unroll: int  # compressed rows whose loads a thread issues together
     split_k: int = 1  # slices of K (blocks along K) the launch aims at; fixed-order sums
+    prefetch: int = 0  # groups of UNROLL rows whose loads a thread holds ahead of its FMAs
     a_layout: ALayout = ALayout.ROW_MAJOR
     arch: Arch = Arch.SM90
     dtype: DType = DType.F32
@@ -49,11 +55,19 @@ class GemvConfig(ConfigRecord):
         return self.col_threads * self.lanes
 
     @property
+    def groups(self) -> int:
+        """Indices a thread reads a compressed row."""
+        return max(1, self.cols // self.vec)
+
+    @property
     def registers_estimate(self) -> int:
         """Registers a thread: the sums, the loads in flight with their indices, and
-        addressing (ptxas used 32-168 on sampled configurations)."""
-        groups = max(1, self.cols // self.vec)
-        return self.rows * self.cols + self.unroll * (self.cols + groups) + 40
+        addressing (ptxas used 32-168 on sampled configurations without prefetch); with
+        prefetch, each group ahead (as loaded: 32-bit words, and the A offsets) and the A
+        values that ptxas reads early for it (ROWS an index)."""
+        words = -(-self.load_bytes // 4)
+        ahead = self.prefetch * (self.unroll * (words + self.groups) + self.rows * self.groups)
+        return self.rows * self.cols + self.unroll * (self.cols + self.groups) + ahead + 40
 
     def smem_bytes(self, windows_per_slice: int) -> int:
         """Shared memory of a block whose slice is ``windows_per_slice`` windows: its A
@@ -74,6 +88,7 @@ class GemvConfig(ConfigRecord):
         yield ("all sizes >= 1", min(self.n, self.m, self.vec, self.rows, self.col_threads,
                                      self.lanes, self.cols, self.unroll, self.split_k) >= 1)
         yield ("1 <= n <= m", self.n <= self.m)
+        yield (f"0 <= prefetch <= {MAX_PREFETCH}", 0 <= self.prefetch <= MAX_PREFETCH)
         yield (f"m <= {MAX_M}", self.m <= MAX_M)
         yield ("COLS % L == 0 or L % COLS == 0 (a thread's columns share whole indices)",
                self.cols % self.vec == 0 or self.vec % self.cols == 0)
@@ -83,6 +98,8 @@ class GemvConfig(ConfigRecord):
                self.threads % 32 == 0 and self.threads <= MAX_THREADS)
         yield (f"ROWS * COLS <= {MAX_ACCUMULATORS} accumulators",
                self.rows * self.cols <= MAX_ACCUMULATORS)
+        yield (f"registers ~{self.registers_estimate} <= {MAX_REGISTERS} a thread (no spills)",
+               self.registers_estimate <= MAX_REGISTERS)
         yield (f"threads * registers ({self.threads} * ~{self.registers_estimate}) <= "
                f"{REGISTERS_PER_SM} (one block an SM, no spills)",
                self.threads * self.registers_estimate <= REGISTERS_PER_SM)
@@ -93,10 +110,11 @@ class GemvConfig(ConfigRecord):
     @property
     def name(self) -> str:
         """e.g. ``nm_gemv_bf16_n8m32l128_r4_t64x4_c8_u4_k16_rm_sm90``: ROWS, COL_THREADS x
-        LANES, COLS, UNROLL and the slices of K aimed at; an epilogue's tag last
-        (``..._sm90_bias_silu``)."""
+        LANES, COLS, UNROLL and the slices of K aimed at; a prefetch after the unroll
+        (``..._u4_p2_k16_...``); an epilogue's tag last (``..._sm90_bias_silu``)."""
+        prefetch = f"_p{self.prefetch}" if self.prefetch else ""
         return (f"nm_gemv_{self.dtype.value}_n{self.n}m{self.m}l{self.vec}_r{self.rows}"
-                f"_t{self.col_threads}x{self.lanes}_c{self.cols}_u{self.unroll}"
+                f"_t{self.col_threads}x{self.lanes}_c{self.cols}_u{self.unroll}{prefetch}"
                 f"_k{self.split_k}_{self.a_layout.value}_{self.arch.value.replace('_', '')}"
                 f"{self.epilogue.suffix}")
 
@@ -107,13 +125,25 @@ class GemvConfig(ConfigRecord):
         if not match:
             raise ConfigError(f"{name!r} is not a {FAMILY} kernel name (e.g. {_EXAMPLE})")
         g = match.groupdict()
-        return cls(**{k: int(v) for k, v in g.items() if k not in ("dtype", "layout", "arch")},
+        return cls(**{k: int(v) for k, v in g.items()
+                      if k not in ("dtype", "layout", "arch") and v is not None},
                    a_layout=ALayout(g["layout"]), arch=Arch(f"sm_{g['arch']}"),
                    dtype=DType(g["dtype"]), epilogue=epilogue)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The parameters as JSON values; those added after kernels were first tuned
+        (``LATER_PARAMETERS``) are left out at their default, so that an older kernel's
+        stored parameters, name and source stay as they were (``nmgen.tune.carry``)."""
+        d = super().to_dict()
+        for key, default in LATER_PARAMETERS.items():
+            if d[key] == default:
+                del d[key]
+        return d
 
 
 _NAME_RE = re.compile(
     r"^nm_gemv_(?P<dtype>f32|bf16|f16)_n(?P<n>\d+)m(?P<m>\d+)l(?P<vec>\d+)_r(?P<rows>\d+)"
     r"_t(?P<col_threads>\d+)x(?P<lanes>\d+)_c(?P<cols>\d+)_u(?P<unroll>\d+)"
+    r"(?:_p(?P<prefetch>[1-9]\d*))?"
     r"_k(?P<split_k>\d+)_(?P<layout>rm|km)_sm(?P<arch>\d+)$")
 _EXAMPLE = "nm_gemv_bf16_n8m32l128_r4_t64x4_c8_u4_k16_rm_sm90"

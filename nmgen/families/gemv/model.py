@@ -3,7 +3,7 @@ a launch and, with split-K, the partial sums' traffic and the last block's sum. 
 the weight's compressed values and indices are almost all of the traffic (DESIGN §9); the
 model charges the re-reads that several row blocks make (from L2 where the weight fits
 there), the loads a thread keeps in flight, and the compute that grows with the rows of A
-a block holds."""
+a block holds. Groups of rows loaded ahead (``prefetch``) add to the bytes in flight."""
 
 from __future__ import annotations
 
@@ -25,6 +25,10 @@ COMPUTE_SHARE = 0.5  # of FP32 peak the FMAs reach (a shared-memory read each)
 # The share of the compute that the memory stream does not hide (issue slots the loads
 # need too); it also keeps a block from holding rows of A the problem does not have.
 COMPUTE_EXPOSED = 0.25
+# A group of rows loaded ahead is in flight over the FMAs of the group before it: counted at
+# this share of its bytes (the ring fills and drains at a slice's ends, and a thread's
+# extra registers cost warps elsewhere in the model).
+PREFETCH_SHARE = 0.5
 SYNC_CYCLES = 300  # a barrier of the lanes' reduction, and the A slice's staging
 CLOCK_GHZ = 1.9
 MAX_THREADS_PER_SM = 2048
@@ -72,7 +76,9 @@ def _predict(configs: Sequence[GemvConfig], gpu: GpuSpec, rows: int, cols: int, 
     dram = weight * (1 + repeats) + rows * depth * item + rows * cols * item + partials
     through_l2 = weight * row_blocks + rows * depth * item * col_blocks + partials
     resident = np.minimum(blocks, gpu.sms * per_sm)
-    in_flight = resident * c["threads"] * c["unroll"] * c["cols"] * item / gpu.sms
+    rows_ahead = _rows_ahead(c, per_slice)
+    in_flight = (resident * c["threads"] * (c["unroll"] + PREFETCH_SHARE * rows_ahead)
+                 * c["cols"] * item / gpu.sms)
     share = BANDWIDTH_SHARE * np.minimum(1.0, in_flight / IN_FLIGHT_PER_SM)
     memory_ms = np.maximum(dram / (gpu.dram_gbs * 1e9 * share),
                            through_l2 / (gpu.l2_gbs * 1e9 * share)) * 1e3
@@ -87,6 +93,13 @@ def _predict(configs: Sequence[GemvConfig], gpu: GpuSpec, rows: int, cols: int, 
             + sync_ms + LAUNCH_US / 1e3 + tail_ms)
 
 
+def _rows_ahead(c: dict[str, np.ndarray], per_slice: np.ndarray) -> np.ndarray:
+    """Rows a thread has loaded ahead of its current group: ``prefetch`` groups, as far as
+    its lane's rows of a slice reach."""
+    rows_of_lane = np.ceil(per_slice / c["lanes"]) * c["n"]
+    return np.minimum(c["prefetch"] * c["unroll"], np.maximum(0.0, rows_of_lane - c["unroll"]))
+
+
 def _slicing(configs: Sequence[GemvConfig], depth: int) -> tuple[np.ndarray, np.ndarray]:
     """(windows a slice, slices) of each configuration (the launch plan's rule)."""
     from .launch import slicing
@@ -97,7 +110,8 @@ def _slicing(configs: Sequence[GemvConfig], depth: int) -> tuple[np.ndarray, np.
 
 @functools.lru_cache(maxsize=256)
 def _columns(configs: tuple[GemvConfig, ...]) -> dict[str, np.ndarray]:
-    fields = ("n", "m", "vec", "rows", "col_threads", "lanes", "threads", "cols", "unroll")
+    fields = ("n", "m", "vec", "rows", "col_threads", "lanes", "threads", "cols", "unroll",
+              "prefetch")
     table = {f: np.array([getattr(c, f) for c in configs], dtype=np.float64) for f in fields}
     table["itemsize"] = np.array([c.dtype.itemsize for c in configs], dtype=np.float64)
     return table

@@ -15,6 +15,7 @@ SPACE_PARAMS = (
     Param("cols", (1, 2, 4, 8)),  # consecutive columns a thread loads at once
     Param("unroll", (1, 2, 4, 8)),  # compressed rows whose loads go out together
     Param("split_k", (1, 2, 4, 8, 16, 32, 64, 128)),  # slices of K aimed at
+    Param("prefetch", (0, 1, 2)),  # groups of UNROLL rows loaded ahead of the FMAs
 )
 
 
@@ -27,12 +28,13 @@ class _Mapping:
     def build(self, problem: Problem, values: dict[str, Any]) -> GemvConfig:
         return GemvConfig(problem.n, problem.m, problem.vec, values["rows"],
                           values["col_threads"], values["lanes"], values["cols"],
-                          values["unroll"], values["split_k"], problem.a_layout, problem.arch,
-                          problem.dtype)
+                          values["unroll"], values["split_k"], values["prefetch"],
+                          problem.a_layout, problem.arch, problem.dtype)
 
     def values_of(self, config: GemvConfig) -> dict[str, Any]:
         return {"rows": config.rows, "col_threads": config.col_threads, "lanes": config.lanes,
-                "cols": config.cols, "unroll": config.unroll, "split_k": config.split_k}
+                "cols": config.cols, "unroll": config.unroll, "split_k": config.split_k,
+                "prefetch": config.prefetch}
 
     def quick_reject(self, values: dict[str, Any]) -> bool:
         return (values["rows"] * values["cols"] > 128
