@@ -40,7 +40,7 @@ ALIGN_SLACK = 1024  # the stages start at a 1024-byte boundary (the swizzle's pe
 MAX_REGISTERS = 255
 # Registers beside the accumulators: addresses, descriptors, loop state, the copies'
 # indices (ptxas, sm_90a: see tests/test_wgmma.py's nvcc tests).
-REGISTER_OVERHEAD = 40
+REGISTER_OVERHEAD = 64
 
 
 @dataclass(frozen=True)
