@@ -2,9 +2,10 @@
 data: for each family, configurations that reach each way C is written (f32: data-parallel,
 split-K's reduction, stream-K's finishing blocks, sliced K's slice 0, the bulk copy engine,
 the copied and pipelined A; gemv: one slice and the last block's sum of several; mma: both
-A layouts and odd N; wgmma (sm_90): one and two warpgroups, one and two m64 tiles), each with every epilogue, on odd shapes from M = 1, the output
-poisoned with NaN. The reference is the float64 product of the rounded inputs, plus the
-rounded bias, then the activation in float64 (``nmgen.reference``'s epilogue).
+A layouts and odd N; wgmma (sm_90): one and two warpgroups, one and two m64 tiles), each
+with every epilogue, on odd shapes from M = 1, the output poisoned with NaN. The reference
+is the float64 product of the rounded inputs, plus the rounded bias, then the activation in
+float64 (``nmgen.reference``'s epilogue).
 """
 
 from __future__ import annotations
