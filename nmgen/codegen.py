@@ -35,6 +35,11 @@ class KernelSource:
         return family_of(self.config).entry_points(self.config)
 
     @property
+    def target(self) -> str:
+        """The target it compiles for (``sm_90``, or an arch-specific ``sm_90a``)."""
+        return family_of(self.config).compile_target(self.config)
+
+    @property
     def sha256(self) -> str:
         """The hash tuned records key this kernel's measurements on (``source_hash``): the
         code without its version line."""

@@ -2,10 +2,10 @@
 data: for each family, configurations that reach each way C is written (f32: data-parallel,
 split-K's reduction, stream-K's finishing blocks, sliced K's slice 0, the bulk copy engine,
 the copied and pipelined A; gemv: one slice and the last block's sum of several, with and
-without rows loaded ahead; mma: both A layouts and odd N), each with every epilogue, on odd
-shapes from M = 1, the output poisoned with NaN. The reference is the float64 product of
-the rounded inputs, plus the rounded bias, then the activation in float64
-(``nmgen.reference``'s epilogue).
+without rows loaded ahead; mma: both A layouts and odd N; wgmma (sm_90): one and two
+warpgroups, one and two m64 tiles), each with every epilogue, on odd shapes from M = 1, the
+output poisoned with NaN. The reference is the float64 product of the rounded inputs, plus
+the rounded bias, then the activation in float64 (``nmgen.reference``'s epilogue).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from nmgen.dispatch import Dispatcher
 from nmgen.epilogue import Activation, Epilogue, apply_reference
 from nmgen.families.gemv.config import GemvConfig
 from nmgen.families.mma.config import MmaConfig
+from nmgen.families.wgmma.config import WgmmaConfig
 from nmgen.format import DType
 from nmgen.problem import ALayout, Problem
 from nmgen.runtime.check import device_array, random_weight, tolerance
@@ -56,6 +57,8 @@ MMA = [MmaConfig.from_name("nm_mma_bf16_n8m32l128_b64x128x32_w2x2_s3_rm_sm80"),
        MmaConfig.from_name("nm_mma_f16_n8m32l128_b64x64x32_w2x2_s3_km_sm80"),
        MmaConfig.from_name("nm_mma_bf16_n2m4l64_b64x64x32_w2x2_s2_km_sm80"),
        MmaConfig.from_name("nm_mma_f16_n16m32l128_b128x128x32_w2x2_s2_rm_sm80")]
+WGMMA = [WgmmaConfig.from_name("nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_km_sm90a"),
+         WgmmaConfig.from_name("nm_wgmma_f16_n2m4l64_b128x64x32_g1_s3_km_sm90a")]
 # (M, N, K): the M edges, odd N and K, N smaller than a tile
 SHAPES = [(1, 333, 257), (17, 129, 700), (300, 65, 1000 + 13)]
 
@@ -96,14 +99,16 @@ def epilogue_error(kernel: Kernel, rng: np.random.Generator, rows: int, cols: in
 
 
 def runnable(configs: list) -> list:
-    """The configurations this GPU runs (the bulk copy engine is sm_90's)."""
+    """The configurations this GPU runs (the bulk copy engine and wgmma are sm_90's)."""
     import cupy as cp
 
     sm90 = cp.cuda.Device().compute_capability == "90"
-    return [c for c in configs if sm90 or not getattr(c, "tma", False)]
+    return [c for c in configs
+            if sm90 or not (getattr(c, "tma", False) or c.family == "wgmma")]
 
 
-@pytest.mark.parametrize("family, configs", [("f32", F32), ("gemv", GEMV), ("mma", MMA)])
+@pytest.mark.parametrize("family, configs", [("f32", F32), ("gemv", GEMV), ("mma", MMA),
+                                             ("wgmma", WGMMA)])
 def test_every_epilogue_of_every_family_matches_float64(family, configs, gpu_cases):
     variants = [dataclasses.replace(c, epilogue=e) for c in runnable(configs)
                 for e in EPILOGUES]

@@ -44,3 +44,14 @@ def test_about_half_the_draws_carry_an_epilogue_of_each_kind():
         tags = {c.epilogue.tag for c in configs}
         assert 60 < sum(bool(c.epilogue) for c in configs) < 140, family.name
         assert len(tags) == 10, (family.name, tags)  # none and the nine epilogues
+
+
+def test_a_family_of_one_arch_draws_nothing_on_another():
+    from nmgen.bench.selftest import serves_any
+    from nmgen.families.wgmma import WGMMA
+
+    assert serves_any(WGMMA, Arch.SM90) and serves_any(F32_SIMT, Arch.SM80)
+    assert not serves_any(WGMMA, Arch.SM80)
+    rng = random.Random(3)
+    configs = [draw_config(WGMMA, rng, Arch.SM90, gpu_spec("h100")) for _ in range(50)]
+    assert {c.vec for c in configs} <= {64, 128} and len({c.n for c in configs}) > 2

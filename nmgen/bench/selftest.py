@@ -91,6 +91,14 @@ def draw_config(family: Family, rng: random.Random, arch: Any, gpu: Any) -> Conf
             return config
 
 
+def serves_any(family: Family, arch: Any) -> bool:
+    """Whether ``family`` serves some problem ``draw_config`` may draw on ``arch`` (a family
+    of one arch serves none on another)."""
+    return any(family.serves(Problem(n, m, vec, layout, arch, dtype)) is None
+               for n, m in PATTERNS for vec in VECS for layout in ALayout
+               for dtype in family.dtypes)
+
+
 def draw_shapes(rng: random.Random, count: int, max_size: int) -> Iterator[tuple[int, ...]]:
     """(M, N, K, lda pad): M edges first, then random odd sizes."""
     for i in range(count):
@@ -174,6 +182,9 @@ def selftest(cases: int, seed: int, per_config: int = 20, max_size: int = 384,
     rng = random.Random(seed)
     outcome = Outcome()
     for family in families or all_families():
+        if not serves_any(family, info.arch):
+            log(f"{family.name}: serves no problem on {info.arch.value}")
+            continue
         configs = {}
         while len(configs) < -(-cases // per_config):
             config = draw_config(family, rng, info.arch, gpu)

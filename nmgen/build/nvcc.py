@@ -66,10 +66,11 @@ def nvcc_version() -> str:
 
 def compile_with_nvcc(source: KernelSource, output: str = "cubin",
                       arch: str | None = None) -> CompiledKernel:
-    """Compile ``source`` for its configuration's arch (or ``arch``) to a cubin or PTX."""
+    """Compile ``source`` for its target (``KernelSource.target``, or ``arch``) to a cubin
+    or PTX."""
     if output not in ("cubin", "ptx"):
         raise ValueError(f"output {output!r}: expected 'cubin' or 'ptx'")
-    target = (arch or source.config.arch.value).replace("sm_", "")
+    target = (arch or source.target).replace("sm_", "")
     options = [*NVCC_OPTIONS, f"-arch=sm_{target}", "-Xptxas", "-v", f"-{output}"]
     key = hashlib.sha256(
         "\0".join([source.code, " ".join(options), nvcc_version()]).encode()

@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import hashlib
 import os
+import tempfile
 import time
 import types
 from pathlib import Path
@@ -33,9 +35,53 @@ def cupy() -> Any:
     return module
 
 
-def compile_module(code: str) -> Any:
-    """A CuPy ``RawModule`` of ``code`` (compiled at first use, through CuPy's cache)."""
+def compile_module(code: str, target: str | None = None) -> Any:
+    """A CuPy ``RawModule`` of ``code``: compiled at first use for the device's arch,
+    through CuPy's cache; for an arch-specific ``target`` from ``build_cubin``'s cubin."""
+    if arch_specific(target):
+        return cupy().RawModule(path=str(build_cubin(code, target)))
     return cupy().RawModule(code=code, options=NVRTC_OPTIONS, backend="nvrtc")
+
+
+def arch_specific(target: str | None) -> bool:
+    """Whether ``target`` is an arch-specific one (``sm_90a``: wgmma, setmaxnreg), which
+    CuPy's compile cannot ask for."""
+    return target is not None and target[-1].isalpha()
+
+
+# What CuPy's NVRTC compiles add beside NVRTC_OPTIONS (denormal FP32 results flushed)
+ARCH_SPECIFIC_OPTIONS = (*NVRTC_OPTIONS, "-ftz=true")
+
+
+def build_cubin(code: str, target: str) -> Path:
+    """The cubin of ``code`` for ``target``, compiled by NVRTC and kept beside CuPy's
+    kernels, keyed by source, options and NVRTC version (written to a temporary file and
+    renamed into place)."""
+    cupy()  # CuPy present, or its install message
+    from cupy_backends.cuda.libs import nvrtc
+
+    options = [*ARCH_SPECIFIC_OPTIONS, f"-arch={target}"]
+    key = hashlib.sha256("\0".join([code, *options, repr(nvrtc.getVersion())]).encode())
+    folder = kernel_cache_dir() / "nmgen-cubins"
+    path = folder / f"{key.hexdigest()[:32]}.cubin"
+    if path.exists():
+        return path
+    program = nvrtc.createProgram(code, "kernel.cu", (), ())
+    try:
+        try:
+            nvrtc.compileProgram(program, options)
+        except nvrtc.NVRTCError as exc:
+            raise RuntimeError(f"NVRTC failed for {target}:\n"
+                               f"{nvrtc.getProgramLog(program)}") from exc
+        cubin = nvrtc.getCUBIN(program)
+    finally:
+        nvrtc.destroyProgram(program)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(cubin)
+    os.replace(tmp, path)
+    return path
 
 
 def kernel_cache_dir() -> Path:
@@ -78,7 +124,11 @@ def compile_one(config_json: str) -> str | None:
     config = config_from_dict(json.loads(config_json))
     try:
         with host_lock(config.name):
-            compile_module(render(config).code).compile()
+            source = render(config)
+            if arch_specific(source.target):
+                build_cubin(source.code, source.target)
+            else:
+                compile_module(source.code).compile()
     except Exception as exc:  # reported, not raised: one bad kernel must not stop a batch
         return f"{config.name}: {exc}"
     return None

@@ -128,6 +128,11 @@ class Family(ABC):
         except ConfigError:
             return None
 
+    def compile_target(self, config: Config) -> str:
+        """The target its source compiles for (``-arch``): the configuration's arch, or an
+        arch-specific one (``sm_90a``) where the kernel uses instructions only it has."""
+        return config.arch.value
+
     # ------------------------------------------------------------ resources and model
     @abstractmethod
     def feasible(self, config: Config, gpu: GpuSpec) -> str | None:

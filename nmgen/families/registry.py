@@ -17,6 +17,7 @@ from .f32_simt import F32_SIMT
 from .gemv import GEMV
 from .mma import MMA
 from .space import ConfigError
+from .wgmma import WGMMA
 
 ENTRY_POINT_GROUP = "nmgen.families"
 _FAMILIES: dict[str, Family] = {}
@@ -102,4 +103,5 @@ def _load_plugins() -> None:
 register(F32_SIMT)
 register(GEMV)
 register(MMA)
+register(WGMMA)
 _load_plugins()

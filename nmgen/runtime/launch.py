@@ -284,7 +284,7 @@ class Kernel:
         with _LOCK:
             functions = self._functions.get(device)
             if functions is None:
-                module = compile_module(self.source.code)
+                module = compile_module(self.source.code, self.source.target)
                 functions = self._functions[device] = {
                     name: module.get_function(name) for name in self.family.entry_points(
                         self.config)}

@@ -1,0 +1,33 @@
+"""What the wgmma template reads beside the configuration (part of the family's generator
+hash, with the template)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...gpus import REGISTERS_PER_SM, SMEM_PER_SM
+from .config import WgmmaConfig
+
+TEMPLATE = "nm_wgmma.cu.j2"
+VECTOR_ELEMS = 8  # 16-bit elements of one 16-byte copy
+MAX_MIN_BLOCKS = 2
+SMEM_RESERVED_PER_BLOCK = 1024
+
+
+def min_blocks_per_sm(config: WgmmaConfig) -> int:
+    """The ``__launch_bounds__`` occupancy hint: as many resident blocks as the register
+    estimate and shared memory allow (at most 2), so that ptxas budgets registers for it."""
+    smem_blocks = SMEM_PER_SM[config.arch.number] // (config.smem_bytes
+                                                       + SMEM_RESERVED_PER_BLOCK)
+    reg_blocks = REGISTERS_PER_SM // (config.threads * config.registers_estimate)
+    return max(1, min(MAX_MIN_BLOCKS, smem_blocks, reg_blocks))
+
+
+def template_arguments(config: WgmmaConfig) -> dict[str, Any]:
+    return {"min_blocks": min_blocks_per_sm(config),
+            "mma_type": "bf16" if config.dtype.value == "bf16" else "f16",
+            "acc_count": config.bn // 2}
+
+
+def entry_points(config: WgmmaConfig) -> tuple[str, ...]:
+    return (config.name,)

@@ -1,0 +1,149 @@
+"""GPU (sm_90): the wgmma family against float64, on fresh random data.
+
+Random configurations of the family's space (BF16 and FP16, L of 64 to 256, patterns from
+2:4 to 16:64) each run on several odd shapes (M from 1, N and K not multiples of the tiles
+or of m, rows of A wider than M or not 16-byte aligned), with the output poisoned with NaN
+before every launch; then 4096^3 problems on the model's choice and a hand-picked
+configuration of each tile shape. The reference is the float64 product of the rounded
+inputs; the tolerance is the mma family's (``test_mma_gpu.tolerance``): the output's
+rounding and the FP32 accumulation of K products.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+
+from nmgen.build.pool import precompile
+from nmgen.dispatch import Dispatcher
+from nmgen.families.wgmma import WGMMA
+from nmgen.families.wgmma.config import WgmmaConfig
+from nmgen.format import DType
+from nmgen.gpus import Arch, spec_or_h100, table_name
+from nmgen.problem import ALayout, Problem
+from nmgen.runtime.check import random_weight
+from nmgen.runtime.device import device_info
+from nmgen.runtime.launch import Kernel
+
+from .test_mma_gpu import _float64, make_a, relative_error, tolerance
+
+pytestmark = pytest.mark.gpu
+
+PATTERNS = [(2, 4), (1, 4), (2, 8), (4, 32), (8, 32), (16, 32), (16, 64), (4, 16), (3, 7),
+            (12, 32)]
+VECS = [64, 128, 256]
+CONFIGS = 30
+SHAPES_PER_CONFIG = 11
+M_EDGES = (1, 17, 100)
+MAX_SIZE = 600
+SEED = int.from_bytes(os.urandom(4), "little")  # fresh every run; printed on failure
+
+
+@pytest.fixture(autouse=True)
+def _sm90():
+    if device_info().arch is not Arch.SM90:
+        pytest.skip("wgmma kernels need an sm_90 GPU")
+
+
+def draw_configs(rng: random.Random, count: int) -> list[WgmmaConfig]:
+    """Random configurations that fit this GPU: the patterns and dtypes in turn."""
+    info = device_info()
+    gpu = spec_or_h100(table_name(info.name))
+    configs: dict[str, WgmmaConfig] = {}
+    while len(configs) < count:
+        i = len(configs)
+        problem = Problem(*PATTERNS[i % len(PATTERNS)], rng.choice(VECS), ALayout.K_MAJOR,
+                          info.arch, (DType.BF16, DType.F16)[(i // len(PATTERNS)) % 2])
+        if WGMMA.serves(problem) is not None:
+            continue
+        try:
+            config = WGMMA.space.sample(problem, rng, max_tries=300)
+        except ValueError:
+            continue
+        if WGMMA.feasible(config, gpu) is None:
+            configs[config.name] = config
+    return list(configs.values())
+
+
+def draw_shapes(rng: random.Random, config: WgmmaConfig) -> list[tuple[int, int, int, str]]:
+    """(M, N, K, A's row padding): the M edges, then random sizes; every third K not a
+    multiple of m."""
+    shapes = []
+    for i in range(SHAPES_PER_CONFIG):
+        rows = M_EDGES[i] if i < len(M_EDGES) else rng.randint(1, MAX_SIZE)
+        depth = rng.randint(1, MAX_SIZE)
+        if i % 3 == 0 and depth % config.m == 0:
+            depth += rng.randint(1, config.m - 1)
+        shapes.append((rows, rng.randint(1, MAX_SIZE), depth,
+                       rng.choice(("none", "none", "odd", "wide"))))
+    return shapes
+
+
+def test_random_configurations_and_shapes_match_float64(gpu_cases):
+    rng = random.Random(SEED)
+    configs = draw_configs(rng, CONFIGS)
+    assert not precompile(configs, workers=min(16, os.cpu_count() or 1))
+    wrong = []
+    for config in configs:
+        kernel = Kernel(config)
+        for rows, cols, depth, pad in draw_shapes(rng, config):
+            err = relative_error(kernel, np.random.default_rng(rng.randrange(1 << 31)), rows,
+                                 cols, depth, pad)
+            gpu_cases["kernel_cases"] += 1
+            if not err < tolerance(config.dtype, depth):
+                wrong.append(f"{config.name} M={rows} N={cols} K={depth} pad={pad}: {err:.3g}")
+    assert not wrong, f"seed {SEED}: {len(wrong)} wrong:\n" + "\n".join(wrong[:20])
+
+
+TILES = ["nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_km_sm90a",
+         "nm_wgmma_bf16_n8m32l128_b256x128x64_g2_s3_km_sm90a",
+         "nm_wgmma_f16_n8m32l128_b128x128x64_g1_s4_km_sm90a",
+         "nm_wgmma_bf16_n16m32l256_b128x256x64_g2_s3_km_sm90a",
+         "nm_wgmma_bf16_n4m32l64_b64x64x32_g1_s5_km_sm90a"]
+
+
+@pytest.mark.parametrize("name", TILES)
+def test_tile_shapes_at_4096_cubed_match_float64(name, gpu_cases):
+    config = WgmmaConfig.from_name(name)
+    err = relative_error(Kernel(config), np.random.default_rng(SEED), 4096, 4096, 4096,
+                         "none", device_values=True)
+    gpu_cases["kernel_cases"] += 1
+    assert err < tolerance(config.dtype, 4096), f"{name}: {err:.3g}"
+
+
+LARGE = [Problem(8, 32, 128, ALayout.K_MAJOR, dtype="bf16"),
+         Problem(16, 32, 128, ALayout.K_MAJOR, dtype="bf16"),
+         Problem(4, 32, 64, ALayout.K_MAJOR, dtype="f16")]
+
+
+@pytest.mark.parametrize("problem", LARGE, ids=str)
+def test_model_choice_at_4096_cubed_matches_float64(problem, gpu_cases):
+    info = device_info()
+    shape = (4096, 4096, 4096)
+    config = WGMMA.default_config(problem, spec_or_h100(table_name(info.name)), shape)
+    err = relative_error(Kernel(config), np.random.default_rng(SEED), *shape, "none",
+                         device_values=True)
+    gpu_cases["kernel_cases"] += 1
+    assert err < tolerance(problem.dtype, shape[2]), f"{config.name}: {err:.3g}"
+
+
+def test_dispatch_without_records_runs_the_wgmma_model_choice(gpu_cases):
+    """With no tuned records, dispatch of K-major BF16 at prefill M picks this family."""
+    import cupy as cp
+
+    info = device_info()
+    dispatcher = Dispatcher([], device=info)
+    problem = Problem(8, 32, 128, ALayout.K_MAJOR, info.arch, "bf16")
+    decision = dispatcher.decide(problem, (2048, 4096, 4096))
+    assert decision.config.family == "wgmma" and decision.source == "model"
+    rng = np.random.default_rng(SEED)
+    weight = random_weight(rng, 8, 32, 128, 4096, 4096, dtype=DType.BF16)
+    a = make_a(rng, 2048, 4096, ALayout.K_MAJOR, "none", DType.BF16)
+    out = dispatcher(a, weight)
+    ref = _float64(a) @ cp.asarray(weight.to_dense().astype(np.float64))
+    err = float(cp.linalg.norm(_float64(out) - ref) / cp.linalg.norm(ref))
+    gpu_cases["kernel_cases"] += 1
+    assert err < tolerance(DType.BF16, 4096)
