@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -31,6 +32,7 @@ def _tasks(args: argparse.Namespace) -> list:
     """One task a (pattern, shape, family serving it); a problem that no family's space
     can serve is an error, not a tune that stores nothing."""
     from .families.registry import get, serving
+    from .families.space import parallel_enumeration
     from .gpus import gpu_spec
     from .problem import Problem
     from .tune.task import TuneTask
@@ -49,7 +51,10 @@ def _tasks(args: argparse.Namespace) -> list:
         for family in dict.fromkeys(f for f, _ in pairs):
             if family.serves(problem) is not None:
                 raise ValueError(f"--family {family.name}: {family.serves(problem)}")
-            if not family.seed_candidates(problem, family.space):
+            # The first call builds the family's enumeration (cached on disk for the workers).
+            with parallel_enumeration(os.cpu_count() or 1):
+                empty = not family.seed_candidates(problem, family.space)
+            if empty:
                 raise ValueError(f"no {family.name} kernel fits {problem}: no configuration "
                                  f"of its space is valid for L = {args.vec}")
         tasks += [TuneTask(spec, f, problem, *shape) for f, shape in pairs]

@@ -61,6 +61,20 @@ def test_enumeration_is_every_valid_point_of_the_declared_grid(problem):
     assert all(c.split_k == 1 and not c.stream_k for c in narrow.enumerate(problem))
 
 
+def test_a_parallel_enumeration_is_the_serial_one(monkeypatch):
+    """Split over forked processes (the start of ``nmgen tune``), an enumeration holds
+    the same configurations in the same order."""
+    from nmgen.families import space as space_module
+
+    problem = PROBLEMS[0]
+    narrow = SPACE.narrowed(ms=(16, 32, 64), ns=(32, 64, 128), mt=(4, 8), nt=(4, 8))
+    serial = tuple(narrow.enumerate(problem))
+    monkeypatch.setattr(space_module, "PARALLEL_FROM", 1)
+    with space_module.parallel_enumeration(3):
+        assert tuple(narrow.enumerate(problem)) == serial
+    assert space_module._processes == 1
+
+
 def test_whole_enumeration_holds_only_valid_distinct_configs():
     configs = enumeration(Problem(16, 32, 32), SPACE)
     assert len(configs) > 1000

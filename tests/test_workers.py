@@ -631,7 +631,9 @@ def test_cross_check_share_gives_every_problem_to_one_worker():
         shares = [cross_check_share(tasks, i, count) for i in range(count)]
         assert sorted(t for share in shares for t in share) == sorted(tasks)
         assert max(map(len, shares)) - min(map(len, shares)) <= 1
-
+    # Contiguous runs, where the pair of workers walking from both ends meet.
+    assert cross_check_share(tasks, 1, 2) == tasks[5:]
+    assert cross_check_share(tasks, 2, 4) == tasks[5:8]
 
 
 def test_a_workers_cross_check_reads_every_winner_once(tmp_path, monkeypatch):

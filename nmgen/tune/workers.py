@@ -272,11 +272,13 @@ def walk_order(tasks: Sequence[TuneTask], index: int, count: int) -> list[TuneTa
 
 def cross_check_share(tasks: Sequence[TuneTask], index: int, count: int) -> list[TuneTask]:
     """The problems worker ``index`` of ``count`` cross-checks once every study is
-    complete: every ``count``-th, so that each problem is cross-checked once and the
-    workers share the work (each cross-checking the problems it had worked on, two
-    workers took 26-28 s where one took 43 s: docs/engineering-notes.md §10). A worker
-    that died leaves its share unchecked."""
-    return list(tasks[index % max(count, 1)::max(count, 1)])
+    complete: the ``index``-th contiguous run of ``1/count`` of them, so that each problem
+    is cross-checked once and the workers share the work. That run is about what the
+    worker tuned itself (``walk_order``: a pair of workers meet in the middle of their
+    share), whose kernels its process holds loaded already. A worker that died leaves its
+    share unchecked."""
+    size, count = len(tasks), max(count, 1)
+    return list(tasks[index * size // count:(index + 1) * size // count])
 
 
 def _cross_check(tuner: Tuner, tasks: Sequence[TuneTask], log: Callable[[str], None]) -> None:
