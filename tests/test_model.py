@@ -101,6 +101,27 @@ def test_split_k_pays_for_its_reduction():
         0.5 * estimate(whole, gpu, 64, 5632, 8192).time_ms
 
 
+def test_unaligned_a_copies_slow_cp_async_kernels_on_k_major_a():
+    """At M % 4 != 0 a main kernel copying K-major A (here a "tx" copy of row-major A) by
+    cp.async moves one float a copy (UNALIGNED_A_COPY_FACTOR); a "tma" kernel reading the
+    copy does not. 8:32 L=128 at 777 x 11008 x 4096 (results/untuned_h100/)."""
+    h100 = GPUS["h100"]
+    cp_async = nmgen.KernelConfig.from_name(
+        "nm_spmm_f32_n8m32l128_ms64ns128ks128_mt16nt4_w4x8_nopack_s1_k1_rm_tx_sm90")
+    tma = nmgen.KernelConfig.from_name(
+        "nm_spmm_f32_n8m32l128_ms64ns128ks128_mt16nt4_w4x8_nopack_s2_k1_rm_tx_tma_sm90")
+
+    def per_row(config, m_rows):
+        return estimate(config, h100, m_rows, 11008, 4096).time_ms / m_rows
+
+    assert per_row(cp_async, 777) > 1.3 * per_row(cp_async, 780)
+    assert per_row(tma, 777) == pytest.approx(per_row(tma, 780), rel=0.02)
+    assert estimate(cp_async, h100, 777, 11008, 4096).time_ms > estimate(
+        tma, h100, 777, 11008, 4096).time_ms
+    streamed = cp_async.replace(stream_k=True)  # the stream-K kernel copies A alike
+    assert per_row(streamed, 333) > 1.3 * per_row(streamed, 336)
+
+
 def test_rank_is_deterministic_and_feasible():
     configs = list(enumeration(Problem(8, 32, 32), SPACE))
     ranked = rank(configs, GPUS["h100"], 1024, 4096, 4096)
