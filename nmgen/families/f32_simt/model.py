@@ -75,16 +75,16 @@ COPY_LAUNCH_US = 2.0
 # the pipelined launch's time over K-major A was 0.52-0.66 of one copy's
 # (docs/engineering-notes.md §6), a rest share of 0.35-0.54.
 PIPELINED_COPY_REST = 0.4
-# Unaligned A copies: a main kernel that copies K-major A (the caller's, or a "tx" copy) by
-# cp.async moves 16 bytes a copy only where M % 4 == 0. Otherwise the launcher passes it
-# a_vec4 = 0 (launch.py tests M, not a "tx" copy's stride, which is padded to a multiple
-# of 4) and it copies its A tiles one float a cp.async, in the out-of-line
-# load_a_km_unaligned; a "tma" kernel on a "tx" copy keeps its tensor copies (km_cp_async).
-# Its compute efficiency takes this factor. Fitted on the 40-trial tunes of the 192
-# row-major problems of results/untuned_h100/ (H100): within a problem, the cp.async "tx"
-# kernels' measured / estimated time over the "tma" ones' is 1.78 at M = 333 and 1.74 at
-# M = 777, against 1.46 at M = 100 and 1.01 at M = 1024 (1.21 and 1.06 interpolated in
-# log M): 1.48 and 1.64 too slow; this factor (0.59 at M = 333, 0.54 at 777) removes that.
+# Unaligned A copies: a main kernel that copies the caller's K-major A by cp.async moves
+# 16 bytes a copy only where the rows are 16-byte aligned (taken as M % 4 == 0); otherwise
+# one float a cp.async (load_a_km_unaligned), as does the cp.async twin a "tma" kernel
+# runs instead. A "tx" copy's rows are padded to a multiple of 4 and always take 16-byte
+# copies. Its compute efficiency takes this factor, fitted where "tx" copies still took
+# the one-float path (results/untuned_h100/, H100, 40-trial tunes of 192 row-major
+# problems): within a problem, the cp.async kernels' measured / estimated time over the
+# "tma" ones' was 1.78 at M = 333 and 1.74 at M = 777, against 1.46 at M = 100 and 1.01 at
+# M = 1024 (1.21 and 1.06 interpolated in log M): 1.48 and 1.64 too slow; this factor
+# (0.59 at M = 333, 0.54 at 777) removes that.
 UNALIGNED_A_COPY_FACTOR = 0.56
 # Reserved by the driver per resident block (CUDA occupancy calculator).
 SMEM_RESERVED_PER_BLOCK = 1024
@@ -260,11 +260,10 @@ class _Columns:
 
 
 def km_cp_async(config: KernelConfig) -> bool:
-    """Whether the main kernel copies K-major A by cp.async, 4 bytes a copy where M % 4 != 0
-    (UNALIGNED_A_COPY_FACTOR): all K-major main kernels but a ``tma`` one reading a ``tx``
-    copy. A ``tma`` kernel on the caller's K-major A runs its cp.async twin where the rows
-    are not 16 bytes apart, taken here as lda = M."""
-    return config.kernel_a_layout is ALayout.K_MAJOR and not (config.tma and config.a_copied)
+    """Whether the main kernel copies the caller's K-major A by cp.async, 4 bytes a copy
+    where M % 4 != 0 (UNALIGNED_A_COPY_FACTOR): a ``tma`` kernel too, which runs its
+    cp.async twin where the rows are not 16 bytes apart (taken here as lda = M)."""
+    return config.kernel_a_layout is ALayout.K_MAJOR and not config.a_copied
 
 
 def _columns(configs: Sequence[KernelConfig], gpu: GpuSpec) -> _Columns:
