@@ -4,6 +4,7 @@ NMGEN_TEST_POSTGRES) and a real SQLite file with a journal storage for `--device
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import socket
@@ -623,17 +624,25 @@ def test_a_waiting_worker_says_whose_trials_it_waits_for(tmp_path):
 
 def test_cross_check_share_gives_every_problem_to_one_worker():
     """Once every study is complete, the workers split the cross-check: each problem is
-    checked by exactly one of them, and the shares differ by at most one problem."""
+    checked by exactly one of them, in contiguous runs of about equal cost (a fixed part
+    and M·N·K), so that a run of large shapes is shorter."""
+    from types import SimpleNamespace
+
     from nmgen.tune.workers import cross_check_share
 
-    tasks = [f"t{i}" for i in range(11)]
-    for count in (1, 2, 3, 4):
-        shares = [cross_check_share(tasks, i, count) for i in range(count)]
-        assert sorted(t for share in shares for t in share) == sorted(tasks)
-        assert max(map(len, shares)) - min(map(len, shares)) <= 1
-    # Contiguous runs, where the pair of workers walking from both ends meet.
-    assert cross_check_share(tasks, 1, 2) == tasks[5:]
-    assert cross_check_share(tasks, 2, 4) == tasks[5:8]
+    small = [SimpleNamespace(shape=(256, 2048, 2048)) for _ in range(8)]
+    large = [SimpleNamespace(shape=(4096, 8192, 8192)) for _ in range(4)]
+    for tasks in (small, small + large, large + small[:3]):
+        for count in (1, 2, 3, 4):
+            shares = [cross_check_share(tasks, i, count) for i in range(count)]
+            assert [t for share in shares for t in share] == tasks  # contiguous, in order
+            mean = sum(math.prod(t.shape) for t in tasks) / len(tasks)
+            weight = {id(t): 1 + math.prod(t.shape) / mean for t in tasks}
+            cost = [sum(weight[id(t)] for t in share) for share in shares]
+            assert max(cost) - min(cost) <= 2 * max(weight.values())  # whole problems
+    halves = [cross_check_share(small + large, i, 2) for i in range(2)]
+    assert len(halves[0]) == 9 and len(halves[1]) == 3  # the large shapes cost more
+    assert cross_check_share(small, 1, 2) == small[4:]
 
 
 def test_a_workers_cross_check_reads_every_winner_once(tmp_path, monkeypatch):

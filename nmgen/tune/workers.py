@@ -272,13 +272,23 @@ def walk_order(tasks: Sequence[TuneTask], index: int, count: int) -> list[TuneTa
 
 def cross_check_share(tasks: Sequence[TuneTask], index: int, count: int) -> list[TuneTask]:
     """The problems worker ``index`` of ``count`` cross-checks once every study is
-    complete: the ``index``-th contiguous run of ``1/count`` of them, so that each problem
-    is cross-checked once and the workers share the work. That run is about what the
-    worker tuned itself (``walk_order``: a pair of workers meet in the middle of their
-    share), whose kernels its process holds loaded already. A worker that died leaves its
-    share unchecked."""
-    size, count = len(tasks), max(count, 1)
-    return list(tasks[index * size // count:(index + 1) * size // count])
+    complete: the ``index``-th of ``count`` contiguous runs of about equal cost, so that
+    each problem is cross-checked once and the workers finish together. A run is about
+    what the worker tuned itself (``walk_order``: a pair of workers meet in the middle of
+    their share), whose kernels its process holds loaded already. A problem's cost is a
+    fixed part (its data made, its kernels loaded) and timings that grow with M·N·K: runs
+    cut by count took 14.5 and 25.9 s on two GPUs, the second half holding the large
+    shapes (docs/engineering-notes.md §10). A worker that died leaves its share unchecked."""
+    count = max(count, 1)
+    work = [math.prod(t.shape) for t in tasks]
+    mean = sum(work) / len(work) if work else 1.0
+    weights = [1.0 + w / mean for w in work]  # as much fixed as the mean problem's timings
+    total, before, share = sum(weights), 0.0, []
+    for task, weight in zip(tasks, weights, strict=True):
+        if min(count - 1, int((before + weight / 2) * count / total)) == index:
+            share.append(task)
+        before += weight
+    return share
 
 
 def _cross_check(tuner: Tuner, tasks: Sequence[TuneTask], log: Callable[[str], None]) -> None:
