@@ -20,6 +20,8 @@ from nmgen.codegen import source_hash
 from nmgen.families.base import Family
 from nmgen.families.mma import MMA
 from nmgen.families.plan import Call, Device
+from nmgen.families.registry import all_families
+from nmgen.families.tensor_core import SOURCES
 from nmgen.families.wgmma import WGMMA
 from nmgen.gpus import Arch, gpu_spec
 from nmgen.problem import ALayout, Problem
@@ -141,6 +143,14 @@ PINNED = {
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_each_family_makes_what_it_made_of_its_configurations(name, aspect):
     assert digest(FAMILIES[name], aspect) == PINNED[name, aspect]
+
+
+def test_the_shared_package_is_no_family_and_counts_among_both_families_sources():
+    assert {f.name for f in all_families()} >= set(FAMILIES)
+    assert not any(f.templates.parent.name == "tensor_core" for f in all_families())
+    for family in FAMILIES.values():
+        assert set(SOURCES) <= set(family.source_files())
+        assert family.templates.parent.name == family.name
 
 
 if __name__ == "__main__":
