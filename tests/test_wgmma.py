@@ -17,10 +17,10 @@ from nmgen.build import nvrtc
 from nmgen.families.mma import MMA
 from nmgen.families.plan import Aligned16, Call, Device, Pointer, Scalar
 from nmgen.families.registry import config_from_dict, config_from_name, serving
+from nmgen.families.tensor_core.prepare import prepare, stage_count
 from nmgen.families.wgmma import WGMMA
 from nmgen.families.wgmma.config import WgmmaConfig
 from nmgen.families.wgmma.model import estimate, stage_mma_cycles, tensor_tflops
-from nmgen.families.wgmma.prepare import prepare, stage_count
 from nmgen.families.wgmma.render import min_blocks_per_sm
 from nmgen.gpus import REGISTERS_PER_SM, Arch, gpu_spec
 from nmgen.problem import ALayout, Problem

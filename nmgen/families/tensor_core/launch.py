@@ -1,4 +1,4 @@
-"""The tensor-core family's launch plan: one kernel, a grid of row blocks x column blocks.
+"""The tensor-core families' launch plan: one kernel, a grid of row blocks x column blocks.
 A's 16-byte copies need its rows 16-byte aligned (``a_vec``), else the kernel reads A an
 element at a time; C takes pairs of values where N is even and C 16-byte aligned."""
 
@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from ..base import PreparedWeight
 from ..plan import BIAS, A, Aligned16, C, Call, Device, Launch, LaunchPlan, Pointer, Scalar
-from .config import MmaConfig
-from .render import VECTOR_ELEMS
+from .config import TensorCoreConfig
+
+VECTOR_ELEMS = 8  # 16-bit elements of one 16-byte copy
 
 
 def a_vectorized(call: Call) -> bool:
@@ -15,7 +16,7 @@ def a_vectorized(call: Call) -> bool:
     return call.a_aligned and call.lda % VECTOR_ELEMS == 0
 
 
-def plan(config: MmaConfig, weight: PreparedWeight, shape: tuple[int, int], call: Call,
+def plan(config: TensorCoreConfig, weight: PreparedWeight, shape: tuple[int, int], call: Call,
          device: Device) -> LaunchPlan:
     c = config
     depth, cols = shape
