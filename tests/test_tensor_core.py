@@ -133,7 +133,7 @@ PINNED = {
     ("wgmma", "model"):
         "48ad8b7c15d9603ef463cd0dce7b367649668101b275da6d027d011d30cfb089",
     ("wgmma", "sources"):
-        "c0411d77308fe1edd4db5d76f02f92e5c8cdc483e9a87d8e6d67d1b3466a4bf3",
+        "ce169fe2bd79b693bf24c45321e7e4e8eb0d8232a0ca07ca1b18a1853e82e80b",
     ("wgmma", "weight"):
         "9eaa96f7eac2ef5ce93b3990cc97382972d97bb7ee6741c80cf1cd789876394f",
 }
