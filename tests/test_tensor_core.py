@@ -129,11 +129,11 @@ PINNED = {
     ("mma", "weight"):
         "720e89ae3dffefc004471f5f1c3e48459281afc84e39253c2652955b9245c593",
     ("wgmma", "configs"):
-        "0612bd32bee67f3f95e8593fcef0024d75a3e82e7ea082f82211de842457dfd0",
+        "d09171cfc663f07cb6023b29d2fda79173af69ca52b39dce386f06d2c6565be9",
     ("wgmma", "model"):
         "48ad8b7c15d9603ef463cd0dce7b367649668101b275da6d027d011d30cfb089",
     ("wgmma", "sources"):
-        "ce169fe2bd79b693bf24c45321e7e4e8eb0d8232a0ca07ca1b18a1853e82e80b",
+        "63691c0e66775cef7dac3ed9cfb8ed3cb438fd337e8adca45f58cb4ae06b764b",
     ("wgmma", "weight"):
         "9eaa96f7eac2ef5ce93b3990cc97382972d97bb7ee6741c80cf1cd789876394f",
 }

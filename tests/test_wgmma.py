@@ -18,7 +18,7 @@ from nmgen.families.mma import MMA
 from nmgen.families.plan import Aligned16, Call, Device, Pointer, Scalar
 from nmgen.families.registry import config_from_dict, config_from_name, serving
 from nmgen.families.tensor_core.prepare import prepare, stage_count
-from nmgen.families.wgmma import WGMMA
+from nmgen.families.wgmma import WGMMA, render
 from nmgen.families.wgmma.config import WgmmaConfig
 from nmgen.families.wgmma.model import estimate, stage_mma_cycles, tensor_tflops
 from nmgen.families.wgmma.render import min_blocks_per_sm
@@ -48,7 +48,6 @@ def test_name_states_every_parameter_and_round_trips():
 @pytest.mark.parametrize("change, rule", [
     (dict(dtype="f32"), "bf16 or f16"),
     (dict(arch="sm_80"), "arch sm_90"),
-    (dict(a_layout="rm"), "K-major A"),
     (dict(bn=32), "one index set"),
     (dict(bn=256), "one index set"),  # L = 128
     (dict(windows=1), "whole k16 steps"),
@@ -78,11 +77,11 @@ def test_sizes_threads_and_shared_memory():
     assert CONFIG.stage_bytes % 1024 == 0
 
 
-def test_serves_k_major_bf16_and_f16_with_long_vectors_on_sm90():
+def test_serves_bf16_and_f16_with_long_vectors_on_sm90():
     assert WGMMA in serving(Problem(8, 32, 128, ALayout.K_MAJOR, dtype="bf16"))
     assert WGMMA in serving(Problem(2, 4, 64, ALayout.K_MAJOR, dtype="f16"))
+    assert WGMMA in serving(Problem(8, 32, 128, ALayout.ROW_MAJOR, dtype="bf16"))
     assert WGMMA.serves(Problem(8, 32, 128, ALayout.K_MAJOR)) is not None  # fp32
-    assert "K-major" in WGMMA.serves(Problem(8, 32, 128, dtype="bf16"))
     assert "sm_90" in WGMMA.serves(Problem(8, 32, 128, ALayout.K_MAJOR, Arch.SM80, "bf16"))
     assert "L in" in WGMMA.serves(Problem(8, 32, 32, ALayout.K_MAJOR, dtype="bf16"))
     assert "m <= 64" in WGMMA.serves(Problem(2, 128, 64, ALayout.K_MAJOR, dtype="bf16"))
@@ -186,6 +185,36 @@ def test_plan_is_one_launch_over_row_and_column_blocks(lda, aligned, vec):
     assert launch.args[-1] == Pointer("bias")
 
 
+@pytest.mark.parametrize("lda, aligned, pairs", [(400, True, 1), (401, True, 0),
+                                                 (400, False, 0)])
+def test_row_major_a_is_transposed_into_a_k_major_copy_first(lda, aligned, pairs):
+    """Row-major A (M x K, rows lda apart): the transpose kernel writes the K-major copy
+    (rows padded to 8 elements, 16-byte copies for the kernel), which the kernel reads."""
+    config = CONFIG.replace(a_layout="rm")
+    assert config.name == CONFIG.name.replace("_km_", "_rm_")
+    assert WgmmaConfig.from_name(config.name) == config
+    assert render.entry_points(config) == (config.name, config.name + "_transpose")
+    assert "_transpose(" in nmgen.render(config).code
+    assert "_transpose(" not in nmgen.render(CONFIG).code
+    weight = random_weight(np.random.default_rng(0), 8, 32, 128, 300, 200,
+                           dtype=nmgen.DType.BF16)
+    prepared = prepare(weight, config)
+    plan = WGMMA.plan(config, prepared, weight.shape, Call(301, lda, aligned), DEVICE)
+    copy, main = plan.launches
+    (workspace,) = plan.workspaces
+    ldt = 304  # 301 rows padded to 8
+    assert copy.entry == config.name + "_transpose" and copy.grid == (5, 5, 1)
+    assert [a.value for a in copy.args if isinstance(a, Scalar)] == [301, 300, lda, ldt, pairs]
+    assert workspace.name == "a_copy" and workspace.count == 300 * ldt
+    assert workspace.dtype.itemsize == 2
+    assert main.entry == config.name and main.args[0] == Pointer("a_copy")
+    scalars = [a.value for a in main.args if isinstance(a, Scalar)]
+    assert scalars[3] == ldt and scalars[-1] == 1  # K-major rows ldt apart, 16-byte copies
+    km = estimate(CONFIG, H100, 4096, 4096, 4096).time_ms
+    rm = estimate(config, H100, 4096, 4096, 4096).time_ms
+    assert km < rm < 1.5 * km
+
+
 def test_model_ranks_big_tiles_first_at_large_shapes_and_sparsity_pays():
     shape = (4096, 4096, 4096)
     best = {}
@@ -273,6 +302,7 @@ NVCC_CONFIGS = [  # ptxas (CUDA 13.0) registers in the comments
     "nm_wgmma_f16_n2m4l64_b128x64x16_g2_s3_km_sm90a",  # 112
     "nm_wgmma_bf16_n3m7l128_b64x128x48_g1_s3_km_sm90a",  # 128
     "nm_wgmma_bf16_n16m64l128_b128x128x128_g2_s3_km_sm90a_bias_silu",  # 142
+    "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_rm_sm90a",  # row-major A: the transpose too
 ]
 
 

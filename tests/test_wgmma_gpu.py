@@ -55,7 +55,8 @@ def draw_configs(rng: random.Random, count: int) -> list[WgmmaConfig]:
     configs: dict[str, WgmmaConfig] = {}
     while len(configs) < count:
         i = len(configs)
-        problem = Problem(*PATTERNS[i % len(PATTERNS)], rng.choice(VECS), ALayout.K_MAJOR,
+        layout = (ALayout.K_MAJOR, ALayout.ROW_MAJOR)[i % 3 == 2]  # a third row-major
+        problem = Problem(*PATTERNS[i % len(PATTERNS)], rng.choice(VECS), layout,
                           info.arch, (DType.BF16, DType.F16)[(i // len(PATTERNS)) % 2])
         if WGMMA.serves(problem) is not None:
             continue
@@ -102,7 +103,8 @@ TILES = ["nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_km_sm90a",
          "nm_wgmma_bf16_n8m32l128_b256x128x64_g2_s3_km_sm90a",
          "nm_wgmma_f16_n8m32l128_b128x128x64_g1_s4_km_sm90a",
          "nm_wgmma_bf16_n16m32l256_b128x256x64_g2_s3_km_sm90a",
-         "nm_wgmma_bf16_n4m32l64_b64x64x32_g1_s5_km_sm90a"]
+         "nm_wgmma_bf16_n4m32l64_b64x64x32_g1_s5_km_sm90a",
+         "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_rm_sm90a"]
 
 
 @pytest.mark.parametrize("name", TILES)

@@ -17,7 +17,9 @@ def a_vectorized(call: Call) -> bool:
 
 
 def plan(config: TensorCoreConfig, weight: PreparedWeight, shape: tuple[int, int], call: Call,
-         device: Device) -> LaunchPlan:
+         device: Device, a_buffer: str = A) -> LaunchPlan:
+    """The kernel's launch; ``a_buffer``: the buffer it reads A from (the call's, or a
+    workspace copy of it)."""
     c = config
     depth, cols = shape
     values, rows = weight.arrays["values"], weight.arrays["rows"]
@@ -27,7 +29,7 @@ def plan(config: TensorCoreConfig, weight: PreparedWeight, shape: tuple[int, int
         raise ValueError(f"{c.name}: {grid[1]} column blocks exceed the grid's 65535")
     i32 = lambda v: Scalar("i32", int(v))  # noqa: E731
     i64 = lambda v: Scalar("i64", int(v))  # noqa: E731
-    args = (Pointer(A), Pointer("values"), Pointer("rows"), Pointer(C), i32(call.rows),
+    args = (Pointer(a_buffer), Pointer("values"), Pointer("rows"), Pointer(C), i32(call.rows),
             i32(cols), i32(depth), i64(call.lda), i64(values.shape[1]), i64(rows.shape[1]),
             i32(stages_total), i32(a_vectorized(call)), Aligned16(C, cols % 2 == 0),
             *([Pointer(BIAS)] if c.epilogue else []))

@@ -5,7 +5,9 @@ A block computes a ``bm × bn`` tile of C from one column group over stages of `
 compressed rows (``TensorCoreConfig``). Its ``warpgroups`` warpgroups (128 threads each)
 split ``bm`` into ``64·tiles_m`` rows each and issue ``wgmma.mma_async m64n{bn}k16`` with
 both operands in shared memory, in the 128-byte swizzled MN-major layout: ``bn`` is a
-multiple of 64 (the swizzle atom is 64 16-bit columns wide), hence ``L >= 64``.
+multiple of 64 (the swizzle atom is 64 16-bit columns wide), hence ``L >= 64``. The
+kernel reads K-major A; row-major A (``_rm_``) is first copied K-major by the module's
+transpose kernel (``a_copied``).
 """
 
 from __future__ import annotations
@@ -67,6 +69,17 @@ class WgmmaConfig(TensorCoreConfig):
         return WARPGROUP * self.warpgroups
 
     @property
+    def a_copied(self) -> bool:
+        """Row-major A: the transpose kernel writes a K-major copy that the kernel reads."""
+        return self.a_layout is ALayout.ROW_MAJOR
+
+    @property
+    def a_stage_depth(self) -> int:
+        """Elements of each of its ``bm`` rows of A a block reads a stage: the gathered
+        rows, as the kernel reads K-major A (row-major A's copy too)."""
+        return self.bk
+
+    @property
     def tiles_m(self) -> int:
         """m64 tiles a warpgroup holds."""
         return self.bm // (64 * self.warpgroups)
@@ -102,8 +115,6 @@ class WgmmaConfig(TensorCoreConfig):
     # ----------------------------------------------------------------- rules
     def _target_rules(self) -> Iterator[tuple[str, bool]]:
         yield ("arch sm_90 (compiled for sm_90a: wgmma)", self.arch is Arch.SM90)
-        yield ("K-major A (row-major A is served by other families)",
-               self.a_layout is ALayout.K_MAJOR)
         yield (f"bn in {BLOCK_NS} and L % bn == 0 (a block shares one index set)",
                self.bn in BLOCK_NS and self.vec % self.bn == 0)
 

@@ -7,12 +7,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...gpus import Arch, GpuSpec
-from ...problem import ALayout, Problem
+from ...problem import Problem
 from ...shapes import Shape
+from ..base import PreparedWeight
+from ..plan import Call, Device, LaunchPlan
 from ..tensor_core.config import DTYPES
 from ..tensor_core.family import TensorCoreFamily
 from ..tensor_core.model import RankTable
-from . import model, render
+from . import launch, model, render
 from .config import FAMILY, TARGET, WgmmaConfig
 from .space import SPACE
 
@@ -35,13 +37,15 @@ class Wgmma(TensorCoreFamily):
             return refused
         if problem.arch is not Arch.SM90:
             return f"{FAMILY} kernels need sm_90 (wgmma)"
-        if problem.a_layout is not ALayout.K_MAJOR:
-            return f"{FAMILY} kernels take K-major A"
         if problem.vec not in SERVED_VECS:
             return f"{FAMILY} kernels take L in {sorted(SERVED_VECS)}"
         if problem.m > MAX_SERVED_M:
             return f"{FAMILY} kernels take m <= {MAX_SERVED_M}"
         return None
+
+    def plan(self, config: WgmmaConfig, weight: PreparedWeight, shape: tuple[int, int],
+             call: Call, device: Device) -> LaunchPlan:
+        return launch.plan(config, weight, shape, call, device)
 
     def compile_target(self, config: WgmmaConfig) -> str:
         return TARGET

@@ -23,11 +23,22 @@ def min_blocks_per_sm(config: WgmmaConfig) -> int:
     return max(1, min(MAX_MIN_BLOCKS, smem_blocks, reg_blocks))
 
 
+# The transpose kernel of row-major A: a block moves a TRANSPOSE_TILE² tile through shared
+# memory with TRANSPOSE_THREADS threads, reading pairs along K and writing pairs along M.
+TRANSPOSE_TILE = 64
+TRANSPOSE_THREADS = 256
+
+
 def template_arguments(config: WgmmaConfig) -> dict[str, Any]:
-    return {"min_blocks": min_blocks_per_sm(config),
+    return {"min_blocks": min_blocks_per_sm(config), "a_copied": config.a_copied,
+            "transpose_tile": TRANSPOSE_TILE, "transpose_threads": TRANSPOSE_THREADS,
             "mma_type": "bf16" if config.dtype.value == "bf16" else "f16",
             "acc_count": config.bn // 2}
 
 
 def entry_points(config: WgmmaConfig) -> tuple[str, ...]:
-    return (config.name,)
+    return (config.name, *([transpose_entry(config)] if config.a_copied else []))
+
+
+def transpose_entry(config: WgmmaConfig) -> str:
+    return config.name + "_transpose"
