@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterator
-from typing import ClassVar, Self
+from typing import Any, ClassVar, Self
 
 from ...epilogue import Epilogue
 from ...format import MAX_M, DType
@@ -27,13 +27,15 @@ MAX_STAGE_ROWS = 128  # compressed rows a stage (bk)
 ELEMENT_BYTES = 2
 
 
-def name_pattern(family: str, warps: str, arch_suffix: str = "") -> re.Pattern[str]:
+def name_pattern(family: str, warps: str, arch_suffix: str = "", tag: str = ""
+                 ) -> re.Pattern[str]:
     """The kernel names of ``family`` (``TensorCoreConfig.name``): ``warps`` matches the
-    part that names the block's warps, a group a warp field."""
+    part that names the block's warps, a group a warp field; ``tag`` the family's optional
+    tag after the stages (``TensorCoreConfig.name_tag``)."""
     return re.compile(
         rf"^nm_{family}_(?P<dtype>bf16|f16)_n(?P<n>\d+)m(?P<m>\d+)l(?P<vec>\d+)"
         rf"_b(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)_{warps}"
-        rf"_s(?P<stages>\d+)_(?P<layout>rm|km)_sm(?P<arch>\d+){arch_suffix}$")
+        rf"_s(?P<stages>\d+){tag}_(?P<layout>rm|km)_sm(?P<arch>\d+){arch_suffix}$")
 
 
 class TensorCoreConfig(ConfigRecord):
@@ -115,11 +117,20 @@ class TensorCoreConfig(ConfigRecord):
                self.accumulators <= MAX_ACCUMULATORS)
         yield (f"registers (~{self.registers_estimate}) <= {MAX_REGISTERS}",
                self.registers_estimate <= MAX_REGISTERS)
-        yield (f"threads * registers ({self.threads} * ~{self.registers_estimate}) <= "
-               f"{REGISTERS_PER_SM}", self.threads * self.registers_estimate <= REGISTERS_PER_SM)
+        yield from self._block_register_rules()
         yield (f"shared memory {self.smem_bytes} B <= {self.arch.max_smem_per_block} B "
                f"({self.arch.value} limit per block)",
                self.smem_bytes <= self.arch.max_smem_per_block)
+
+    def _block_register_rules(self) -> Iterator[tuple[str, bool]]:
+        """A block's registers fit the SM's: every thread the estimate."""
+        yield (f"threads * registers ({self.threads} * ~{self.registers_estimate}) <= "
+               f"{REGISTERS_PER_SM}", self.threads * self.registers_estimate <= REGISTERS_PER_SM)
+
+    def blocks_by_registers(self) -> int:
+        """Blocks an SM its registers allow (0 where not one fits): every thread the
+        estimate."""
+        return REGISTERS_PER_SM // (self.threads * self.registers_estimate)
 
     # ----------------------------------------------------------------- naming
     @property
@@ -127,13 +138,25 @@ class TensorCoreConfig(ConfigRecord):
         """The name's part for the warp fields."""
         raise NotImplementedError
 
+    @property
+    def name_tag(self) -> str:
+        """The family's optional part of the name after the stages (``_<tag>``, matched by
+        the ``tag`` of its ``name_pattern`` and read back by ``tag_fields``); none here."""
+        return ""
+
+    @classmethod
+    def tag_fields(cls, groups: dict[str, str | None]) -> dict[str, Any]:
+        """The fields that a name's tag (``name_tag``) states, from its pattern's groups."""
+        return {}
+
     @functools.cached_property
     def name(self) -> str:
-        """``nm_<family>_<dtype>_n<n>m<m>l<L>_b<bm>x<bn>x<bk>_<warps>_s<stages>_<layout>
-        _<arch>``: block tile bm x bn x bk (compressed rows a stage), the warps
-        (``warps_tag``), stages; an epilogue's tag last."""
+        """``nm_<family>_<dtype>_n<n>m<m>l<L>_b<bm>x<bn>x<bk>_<warps>_s<stages>[_<tag>]
+        _<layout>_<arch>``: block tile bm x bn x bk (compressed rows a stage), the warps
+        (``warps_tag``), stages, the family's tag if any (``name_tag``); an epilogue's tag
+        last."""
         return (f"nm_{self.family}_{self.dtype.value}_n{self.n}m{self.m}l{self.vec}"
-                f"_b{self.bm}x{self.bn}x{self.bk}_{self.warps_tag}_s{self.stages}"
+                f"_b{self.bm}x{self.bn}x{self.bk}_{self.warps_tag}_s{self.stages}{self.name_tag}"
                 f"_{self.a_layout.value}_{self.arch.value.replace('_', '')}{self.arch_suffix}"
                 f"{self.epilogue.suffix}")
 
@@ -153,4 +176,4 @@ class TensorCoreConfig(ConfigRecord):
                                                  *cls.warp_fields)}
         return cls(n=n, windows=bk // n, **sizes,  # type: ignore[call-arg]
                    a_layout=ALayout(g["layout"]), arch=Arch(f"sm_{g['arch']}"),
-                   dtype=DType(g["dtype"]), epilogue=epilogue)
+                   dtype=DType(g["dtype"]), epilogue=epilogue, **cls.tag_fields(g))

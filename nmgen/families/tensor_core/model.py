@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ...gpus import REGISTERS_PER_SM, GpuSpec
+from ...gpus import GpuSpec
 from .config import TensorCoreConfig
 from .prepare import stage_count
 
@@ -44,7 +44,7 @@ class StageTime(NamedTuple):
 
 
 def blocks_per_sm(config: TensorCoreConfig, gpu: GpuSpec) -> int:
-    by_regs = REGISTERS_PER_SM // (config.threads * config.registers_estimate)
+    by_regs = config.blocks_by_registers()
     by_threads = gpu.max_threads_per_sm // config.threads
     by_smem = gpu.smem_per_sm // (config.smem_bytes + SMEM_RESERVED_PER_BLOCK)
     return max(0, min(by_regs, by_threads, by_smem, MAX_BLOCKS_PER_SM))
