@@ -129,13 +129,13 @@ PINNED = {
     ("mma", "weight"):
         "720e89ae3dffefc004471f5f1c3e48459281afc84e39253c2652955b9245c593",
     ("wgmma", "configs"):
-        "d09171cfc663f07cb6023b29d2fda79173af69ca52b39dce386f06d2c6565be9",
+        "ffb5a0fafcb8a94ec0030891e743918b1190fd7b41a278730b7e90df0abfb551",
     ("wgmma", "model"):
-        "48ad8b7c15d9603ef463cd0dce7b367649668101b275da6d027d011d30cfb089",
+        "f9a3b15e3d33b6d56243399020a4dc029b61d6329607254addc97de96f073d11",
     ("wgmma", "sources"):
-        "63691c0e66775cef7dac3ed9cfb8ed3cb438fd337e8adca45f58cb4ae06b764b",
+        "7eb27041e98f39b57302fae414510c8e507f5362bc578ee0d52c03eee9b3abe1",
     ("wgmma", "weight"):
-        "9eaa96f7eac2ef5ce93b3990cc97382972d97bb7ee6741c80cf1cd789876394f",
+        "098b28a9e4851d0e31b110c07848aa6fa1e7af9b81b8d77438c5c23e32e5ed02",
 }
 
 

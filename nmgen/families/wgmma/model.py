@@ -11,6 +11,14 @@ and L2 that the tiling implies (``tensor_core.model``).
 - Pipeline: one stage is read by the wgmma in flight, so the ``stages - 2`` stages ahead
   of the one computed hide the copies' latency.
 - Row-major A: the transpose kernel's bytes at DRAM bandwidth and its launch, before.
+
+A producer warpgroup (``producer="warp"``) is modelled as the shared-copy kernel is, by its
+MMA warpgroups, but with its own resources: the producer's threads, registers
+(``WgmmaConfig.blocks_by_registers``) and mbarriers count against the blocks an SM. Until
+GPU measurements say how much its decoupled copies gain (a stage ahead more: STAGES - 1
+in flight instead of STAGES - 2, no block barrier), its estimate is never below its shared
+twin's (fewer blocks an SM can model faster through the waves), and ties go by name, the
+shared one first: the model's choices stay the measured kernels.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from ...gpus import Arch, GpuSpec
 from ...shapes import Shape
 from ..tensor_core import model as tc
 from ..tensor_core.model import Estimate, RankTable
-from .config import WgmmaConfig
+from .config import Producer, WgmmaConfig
 
 # wgmma dense peak (TFLOP/s, BF16/FP16 with FP32 accumulation) by GPU; other sm_90 GPUs
 # are taken as TENSOR_OVER_FP32 times their FP32 peak.
@@ -71,6 +79,17 @@ def stage_time(config: WgmmaConfig, gpu: GpuSpec) -> tc.StageTime:
 
 def estimate(config: WgmmaConfig, gpu: GpuSpec, rows: int, cols: int, depth: int
              ) -> Estimate:
+    """A producer warpgroup's configuration: its own estimate (its resources) or its shared
+    twin's, the slower (see the module's note)."""
+    own = _estimate(config, gpu, rows, cols, depth)
+    if not config.specialized:
+        return own
+    twin = _estimate(config.replace(producer=Producer.SHARED), gpu, rows, cols, depth)
+    return twin if twin.time_ms > own.time_ms else own
+
+
+def _estimate(config: WgmmaConfig, gpu: GpuSpec, rows: int, cols: int, depth: int
+              ) -> Estimate:
     found = tc.estimate(config, gpu, stage_time(config, gpu), rows, cols, depth)
     if not config.a_copied:
         return found

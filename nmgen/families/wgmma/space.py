@@ -14,11 +14,21 @@ SPACE_PARAMS = (
     Param("windows", (1, 2, 4, 8, 16, 32)),  # windows a stage: bk = windows * n
     Param("warpgroups", (1, 2)),
     Param("stages", (3, 4, 5)),
+    Param("producer", ("shared", "warp")),  # who copies the stages in (config.Producer)
 )
 
 
 class _Mapping(TensorCoreMapping):
+    """The tensor-core parameters and the producer (by its value)."""
+
     config_type = WgmmaConfig
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (*super().names, "producer")
+
+    def values_of(self, config: WgmmaConfig) -> dict[str, Any]:
+        return {**super().values_of(config), "producer": config.producer.value}
 
     def quick_reject(self, values: dict[str, Any]) -> bool:
         tiles_m, rest = divmod(values["bm"], 64 * values["warpgroups"])
