@@ -1,0 +1,59 @@
+"""The tensor-core kernel's layout of a weight (host side, NumPy).
+
+- ``values``: B' padded with zero rows to whole stages (``Wp = stages·bk`` rows) and with
+  zero columns to the format's padded width (a multiple of L, hence of ``bn``), in the
+  weight's dtype: every B' tile a block copies is whole, aligned and in bounds.
+- ``rows``: ``Gp × Wp`` int32, for every column group and compressed row, the dense row
+  ``k`` of A it multiplies; -1 where that row lies past K (the last window's zero padding
+  and the padded stages): the kernel fills zeros there instead of reading A.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...format import NMMatrix
+from ..base import PreparedWeight
+from .config import MmaConfig
+
+
+@dataclass(frozen=True)
+class LayoutKey:
+    """What the layout depends on: the compressed rows a stage."""
+
+    bk: int
+
+
+def layout_key(config: MmaConfig) -> LayoutKey:
+    return LayoutKey(config.bk)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def stage_count(config: MmaConfig, depth: int) -> int:
+    """Main-loop stages of a K of ``depth``."""
+    return ceil_div(ceil_div(depth, config.m), config.windows)
+
+
+def prepare(b: NMMatrix, config: MmaConfig) -> PreparedWeight:
+    if (config.n, config.m, config.vec) != (b.n, b.m, b.vec):
+        raise ValueError(f"kernel {config.name} is for {config.n}:{config.m} L={config.vec}; "
+                         f"the weight is {b.pattern} L={b.vec}")
+    if b.dtype is not config.dtype:
+        raise ValueError(f"kernel {config.name} takes {config.dtype.value} values; the weight "
+                         f"holds {b.dtype.value}")
+    start = time.perf_counter()
+    w_rows = stage_count(config, b.shape[0]) * config.bk
+    values = np.zeros((w_rows, b.padded_cols), b._values.dtype)
+    values[:b._values.shape[0]] = b._values
+    kept = b.kept_rows()  # W×G dense rows
+    kept = np.where(kept < b.shape[0], kept, -1)
+    rows = np.full((kept.shape[1], w_rows), -1, np.int32)
+    rows[:, :kept.shape[0]] = kept.T
+    return PreparedWeight(layout_key(config), {"values": values, "rows": rows},
+                          time.perf_counter() - start)
