@@ -25,3 +25,29 @@ def test_pipelined_takes_arrays_as_the_model_does():
     rows = copy_chunk_rows(np.array([4096, 2000, 4096]), 64, np.array([16, 16, 300]), 264)
     assert rows.tolist() == [1024, 0, 0]
     assert pipelined(4096, rows).tolist() == [True, False, False]
+
+
+def test_a_tx_copy_takes_16_byte_copies_at_any_m():
+    """The "tx" copy's rows are padded with zeros to a multiple of 4: the main kernel reads
+    it 16 bytes a copy at M = 777 too; the caller's own K-major A at M = 777 (rows 777
+    floats apart) is read a float a copy."""
+    import numpy as np
+
+    import nmgen
+    from nmgen.families.f32_simt import F32_SIMT
+    from nmgen.families.plan import Call, Device, Scalar
+
+    w = nmgen.prune(np.ones((256, 640), np.float32), "8:32", 32)
+    device = Device(132, lambda entry, threads, smem: 1)
+    name = "nm_spmm_f32_n8m32l32_ms64ns128ks128_mt16nt4_w4x8_nopack_s1_k1_{}_sm90"
+
+    def a_vec4(layout: str, lda: int) -> int:
+        config = nmgen.KernelConfig.from_name(name.format(layout))
+        plan = F32_SIMT.plan(config, F32_SIMT.prepare(w, config), w.shape,
+                             Call(777, lda, True), device)
+        scalars = [a for a in plan.launches[-1].args if isinstance(a, Scalar)]
+        return scalars[-1].value  # a_vec4, the main kernel's last scalar
+
+    assert a_vec4("rm_tx", 256) == 1
+    assert a_vec4("km", 777) == 0
+    assert a_vec4("km", 780) == 0  # M itself is not a multiple of 4

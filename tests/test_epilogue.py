@@ -166,7 +166,8 @@ def test_dispatch_takes_the_tuned_configuration_with_the_epilogue(tmp_path):
     assert fused.config == dataclasses.replace(GEMV_CONFIG, epilogue="bias_silu")
     assert dispatcher.decide(problem, (1, 4096, 4096), Epilogue(True, "silu")) is fused
     prefill = dispatcher.decide(problem, (2048, 4096, 4096), Epilogue(False, "gelu"))
-    assert prefill.config.family == "mma" and prefill.config.name.endswith("_sm90_gelu")
+    # The model's tensor-core choice on sm_90: wgmma (row-major A through its K-major copy).
+    assert prefill.config.family == "wgmma" and prefill.config.name.endswith("_sm90a_gelu")
 
 
 def test_dispatch_passes_over_a_family_that_takes_no_epilogue(tmp_path):

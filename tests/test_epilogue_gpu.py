@@ -58,7 +58,8 @@ MMA = [MmaConfig.from_name("nm_mma_bf16_n8m32l128_b64x128x32_w2x2_s3_rm_sm80"),
        MmaConfig.from_name("nm_mma_bf16_n2m4l64_b64x64x32_w2x2_s2_km_sm80"),
        MmaConfig.from_name("nm_mma_f16_n16m32l128_b128x128x32_w2x2_s2_rm_sm80")]
 WGMMA = [WgmmaConfig.from_name("nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_km_sm90a"),
-         WgmmaConfig.from_name("nm_wgmma_f16_n2m4l64_b128x64x32_g1_s3_km_sm90a")]
+         WgmmaConfig.from_name("nm_wgmma_f16_n2m4l64_b128x64x32_g1_s3_km_sm90a"),
+         WgmmaConfig.from_name("nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_ws_km_sm90a")]
 # (M, N, K): the M edges, odd N and K, N smaller than a tile
 SHAPES = [(1, 333, 257), (17, 129, 700), (300, 65, 1000 + 13)]
 

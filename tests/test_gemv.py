@@ -260,4 +260,4 @@ def test_decode_records_are_not_stretched_to_prefill(tmp_path):
     dispatcher = Dispatcher([url], device=device)
     assert dispatcher.decide(problem, (32, 4096, 4096)).config == decode
     prefill = dispatcher.decide(problem, (2048, 4096, 4096))
-    assert (prefill.source, prefill.config.family) == ("model", "mma")
+    assert (prefill.source, prefill.config.family) == ("model", "wgmma")  # sm_90

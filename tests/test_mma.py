@@ -14,10 +14,10 @@ from nmgen.families.gemv import GEMV
 from nmgen.families.mma import MMA
 from nmgen.families.mma.config import MmaConfig
 from nmgen.families.mma.model import estimate, stage_mma_cycles, tensor_tflops
-from nmgen.families.mma.prepare import prepare, stage_count
 from nmgen.families.mma.render import min_blocks_per_sm
 from nmgen.families.plan import Aligned16, Call, Device, Pointer, Scalar
 from nmgen.families.registry import config_from_dict, config_from_name, serving
+from nmgen.families.tensor_core.prepare import prepare, stage_count
 from nmgen.gpus import REGISTERS_PER_SM, Arch, gpu_spec
 from nmgen.problem import ALayout, Problem
 from nmgen.runtime.check import random_weight

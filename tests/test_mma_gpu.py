@@ -22,7 +22,7 @@ from nmgen.dispatch import Dispatcher
 from nmgen.families.mma import MMA
 from nmgen.families.mma.config import MmaConfig
 from nmgen.format import DType
-from nmgen.gpus import spec_or_h100, table_name
+from nmgen.gpus import Arch, spec_or_h100, table_name
 from nmgen.problem import ALayout, Problem
 from nmgen.runtime.check import device_array, random_weight
 from nmgen.runtime.device import device_info
@@ -155,12 +155,14 @@ def test_model_choice_at_4096_cubed_matches_float64(problem, gpu_cases):
 
 
 def test_dispatch_without_records_runs_the_tensor_core_model_choice(gpu_cases):
-    """With no tuned records, dispatch picks this family's model choice at prefill M."""
+    """With no tuned records, dispatch picks the tensor-core model choice at prefill M
+    (on sm_90 the wgmma family's, row-major A through its K-major copy)."""
     info = device_info()
     dispatcher = Dispatcher([], device=info)
     problem = Problem(8, 32, 128, ALayout.ROW_MAJOR, info.arch, "bf16")
     decision = dispatcher.decide(problem, (512, 1024, 1000))
-    assert decision.config.family == "mma" and decision.source == "model"
+    expected = "wgmma" if info.arch is Arch.SM90 else "mma"
+    assert decision.config.family == expected and decision.source == "model"
     rng = np.random.default_rng(SEED)
     weight = random_weight(rng, 8, 32, 128, 1000, 1024, dtype=DType.BF16)
     a = make_a(rng, 512, 1000, ALayout.ROW_MAJOR, "none", DType.BF16)

@@ -101,6 +101,26 @@ def test_split_k_pays_for_its_reduction():
         0.5 * estimate(whole, gpu, 64, 5632, 8192).time_ms
 
 
+def test_unaligned_a_copies_slow_cp_async_kernels_on_k_major_a():
+    """At M % 4 != 0 a main kernel copying the caller's K-major A by cp.async moves one
+    float a copy (UNALIGNED_A_COPY_FACTOR), a "tma" one through its cp.async twin too; a
+    "tx" copy of row-major A is padded and keeps 16-byte copies."""
+    h100 = GPUS["h100"]
+    name = "nm_spmm_f32_n8m32l128_ms64ns128ks128_mt16nt4_w4x8_nopack_s{}_k1_{}_sm90"
+    own = nmgen.KernelConfig.from_name(name.format(1, "km"))
+    own_tma = nmgen.KernelConfig.from_name(name.format(2, "km_tma"))
+    copied = nmgen.KernelConfig.from_name(name.format(1, "rm_tx"))
+
+    def per_row(config, m_rows):
+        return estimate(config, h100, m_rows, 11008, 4096).time_ms / m_rows
+
+    assert per_row(own, 777) > 1.3 * per_row(own, 780)
+    assert per_row(own_tma, 777) > 1.3 * per_row(own_tma, 780)
+    assert per_row(copied, 777) == pytest.approx(per_row(copied, 780), rel=0.02)
+    streamed = own.replace(stream_k=True)  # the stream-K kernel copies A alike
+    assert per_row(streamed, 333) > 1.3 * per_row(streamed, 336)
+
+
 def test_rank_is_deterministic_and_feasible():
     configs = list(enumeration(Problem(8, 32, 32), SPACE))
     ranked = rank(configs, GPUS["h100"], 1024, 4096, 4096)

@@ -5,6 +5,7 @@ wgmma serialization."""
 
 from __future__ import annotations
 
+import hashlib
 import random
 import sys
 import types
@@ -17,10 +18,10 @@ from nmgen.build import nvrtc
 from nmgen.families.mma import MMA
 from nmgen.families.plan import Aligned16, Call, Device, Pointer, Scalar
 from nmgen.families.registry import config_from_dict, config_from_name, serving
-from nmgen.families.wgmma import WGMMA
-from nmgen.families.wgmma.config import WgmmaConfig
+from nmgen.families.tensor_core.prepare import prepare, stage_count
+from nmgen.families.wgmma import WGMMA, render
+from nmgen.families.wgmma.config import Producer, WgmmaConfig
 from nmgen.families.wgmma.model import estimate, stage_mma_cycles, tensor_tflops
-from nmgen.families.wgmma.prepare import prepare, stage_count
 from nmgen.families.wgmma.render import min_blocks_per_sm
 from nmgen.gpus import REGISTERS_PER_SM, Arch, gpu_spec
 from nmgen.problem import ALayout, Problem
@@ -28,6 +29,7 @@ from nmgen.runtime.check import random_weight
 
 H100 = gpu_spec("h100")
 CONFIG = WgmmaConfig(8, 32, 128, bm=128, bn=128, windows=8, warpgroups=2, stages=4)
+WARP = CONFIG.replace(producer="warp")  # a producer warpgroup of its own
 DEVICE = Device(132, lambda entry, threads, smem: 1)
 
 
@@ -45,10 +47,29 @@ def test_name_states_every_parameter_and_round_trips():
         WgmmaConfig.from_name("nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_km_sm90")
 
 
+def test_a_producer_warpgroup_is_named_and_stored_only_where_it_is_one():
+    assert WARP.producer is Producer.WARP and CONFIG.producer is Producer.SHARED
+    assert WARP.name == "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_ws_km_sm90a"
+    assert WgmmaConfig.from_name(WARP.name) == WARP and config_from_name(WARP.name) == WARP
+    assert config_from_dict(WARP.to_dict()) == WARP
+    assert WgmmaConfig.from_json(WARP.to_json()) == WARP
+    assert WARP.to_dict()["producer"] == "warp"
+    # the shared kernel's JSON, name and source header are those it always had
+    assert "producer" not in CONFIG.to_dict() and "producer" not in nmgen.render(CONFIG).code
+    assert config_from_dict({**CONFIG.to_dict(), "producer": "shared"}) == CONFIG
+    other = WARP.replace(dtype="f16", bn=64, bm=256, epilogue="bias_gelu", windows=4,
+                         stages=6)
+    assert other.name == "nm_wgmma_f16_n8m32l128_b256x64x32_g2_s6_ws_km_sm90a_bias_gelu"
+    assert config_from_name(other.name) == other
+    with pytest.raises(nmgen.ConfigError, match="producer='tma'"):
+        CONFIG.replace(producer="tma")
+    with pytest.raises(nmgen.ConfigError, match="not a wgmma kernel name"):
+        WgmmaConfig.from_name("nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_ws_sm90a")
+
+
 @pytest.mark.parametrize("change, rule", [
     (dict(dtype="f32"), "bf16 or f16"),
     (dict(arch="sm_80"), "arch sm_90"),
-    (dict(a_layout="rm"), "K-major A"),
     (dict(bn=32), "one index set"),
     (dict(bn=256), "one index set"),  # L = 128
     (dict(windows=1), "whole k16 steps"),
@@ -76,13 +97,39 @@ def test_sizes_threads_and_shared_memory():
     # 4 stages of a 64 x 128 B' tile and a 64 x 128 A tile, and the 1024-byte alignment
     assert CONFIG.smem_bytes == 4 * (2 * 64 * 128 + 2 * 64 * 128) + 1024
     assert CONFIG.stage_bytes % 1024 == 0
+    # a producer warpgroup: 128 threads more, and two mbarriers a stage
+    assert WARP.threads == 384 and WARP.copy_threads == 128 and CONFIG.copy_threads == 256
+    assert WARP.smem_bytes == CONFIG.smem_bytes + 2 * 4 * 8 and CONFIG.barrier_bytes == 0
+    assert WARP.a_per_thread == 64 * 128 // 8 // 128 and CONFIG.a_per_thread == 4
 
 
-def test_serves_k_major_bf16_and_f16_with_long_vectors_on_sm90():
+def test_a_producer_warpgroup_gives_its_registers_to_the_mma_warpgroups_where_needed():
+    # two m64 x 128 tiles a thread (128 accumulators), two blocks an SM: 128 registers a
+    # thread at launch; the producer keeps 56, the MMA warpgroup takes the rest
+    one = WgmmaConfig(16, 32, 128, bm=128, bn=128, windows=2, warpgroups=1, stages=4,
+                      producer="warp")
+    assert min_blocks_per_sm(one) == 2 and one.registers_estimate == 160
+    assert one.register_split(2) == (128, 56, 200)
+    assert one.fits_registers(2) and 128 * (56 + 200) <= 128 * 2 * 128
+    code = nmgen.render(one).code
+    assert "setmaxnreg.dec.sync.aligned.u32" in code and "setmaxnreg_dec<56>();" in code
+    assert "setmaxnreg_inc<200>();" in code
+    # launch leaves enough: no setmaxnreg
+    two = WgmmaConfig(16, 32, 128, bm=128, bn=128, windows=2, warpgroups=2, stages=4,
+                      producer="warp")
+    assert min_blocks_per_sm(two) == 1 and two.register_split(1) is None
+    assert "setmaxnreg" not in nmgen.render(two).code
+    # ptxas needs N/2 + 26 registers at launch for a wgmma m64nN: two blocks of 384
+    # threads (80 registers) cannot run m64n128, whatever setmaxnreg would give
+    assert not two.fits_registers(2) and two.register_split(2) == (80, 56, 88)
+    assert CONFIG.register_split(1) is None
+
+
+def test_serves_bf16_and_f16_with_long_vectors_on_sm90():
     assert WGMMA in serving(Problem(8, 32, 128, ALayout.K_MAJOR, dtype="bf16"))
     assert WGMMA in serving(Problem(2, 4, 64, ALayout.K_MAJOR, dtype="f16"))
+    assert WGMMA in serving(Problem(8, 32, 128, ALayout.ROW_MAJOR, dtype="bf16"))
     assert WGMMA.serves(Problem(8, 32, 128, ALayout.K_MAJOR)) is not None  # fp32
-    assert "K-major" in WGMMA.serves(Problem(8, 32, 128, dtype="bf16"))
     assert "sm_90" in WGMMA.serves(Problem(8, 32, 128, ALayout.K_MAJOR, Arch.SM80, "bf16"))
     assert "L in" in WGMMA.serves(Problem(8, 32, 32, ALayout.K_MAJOR, dtype="bf16"))
     assert "m <= 64" in WGMMA.serves(Problem(2, 128, 64, ALayout.K_MAJOR, dtype="bf16"))
@@ -114,11 +161,79 @@ def test_space_enumerates_and_samples_valid_configurations(problem):
                for c in configs)
     assert all(c.smem_bytes <= c.arch.max_smem_per_block for c in configs)
     assert all(WGMMA.in_space(c, problem) for c in configs)
+    # every shared-copy configuration has its producer-warpgroup twin
+    shared = {c.name for c in configs if c.producer is Producer.SHARED}
+    assert {c.replace(producer="shared").name for c in configs if c.specialized} == shared
     rng = random.Random(0)
-    for _ in range(20):
+    drawn = set()
+    for _ in range(40):
         config = WGMMA.space.sample(problem, rng)
         assert WGMMA.space.config(problem, WGMMA.space.values_of(config)) == config
         assert WgmmaConfig.from_name(config.name) == config
+        drawn.add(config.producer)
+    assert drawn == set(Producer)
+
+
+def test_selftest_draws_producer_warpgroups_through_the_space():
+    from nmgen.bench.selftest import draw_config
+
+    rng = random.Random(0)
+    drawn = [draw_config(WGMMA, rng, Arch.SM90, H100) for _ in range(30)]
+    assert {c.producer for c in drawn} == set(Producer)
+    assert any(c.specialized and c.epilogue for c in drawn)
+
+
+# The shared-copy kernel's source at d30b048, before the producer warpgroup came: sha256
+# of the rendered code with the version as "VERSION". Update only for a change of the
+# shared-copy kernel itself.
+SHARED_SOURCES = {
+    "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_km_sm90a":
+        "0bfbac9e5fbae169edb0a51dd959a70e5eef03b5541424df151481a17d777059",
+    "nm_wgmma_bf16_n8m32l128_b256x128x64_g2_s3_km_sm90a":
+        "f96f5234417f3b558f9a3bb18d5e6031525c12a416400bb30845c225950da3fb",
+    "nm_wgmma_f16_n8m32l128_b128x128x64_g1_s4_km_sm90a":
+        "4ee2bb1aceb52d4677edd3cc86baaee7a012da5cf0167d0cd27595cab85a33da",
+    "nm_wgmma_bf16_n8m32l256_b128x256x64_g2_s3_km_sm90a":
+        "365cfde0b6a00323dc0cd8c7d7232aad31b8a0aef4189edb5cff99de301c39fd",
+    "nm_wgmma_f16_n2m4l64_b128x64x16_g2_s3_km_sm90a":
+        "a9b1a5912dbd91f6c6b84f7f3bc389e21ccf7d673297878ace840e900b4f4078",
+    "nm_wgmma_bf16_n3m7l128_b64x128x48_g1_s3_km_sm90a":
+        "b3eb959f5eaa852a39154f9855ea72766ab50a3bafeb1d40a508d7bb6dad5225",
+    "nm_wgmma_bf16_n16m64l128_b128x128x128_g2_s3_km_sm90a_bias_silu":
+        "58fa198e7c499306c4459368d48162054feaa98d4413f515eb6db064962edc14",
+    "nm_wgmma_bf16_n16m32l128_b128x128x32_g2_s4_km_sm90a":
+        "bc1dce35ff17206321915436a5e98f049927324dd6ca74bc5274790bc135058a",
+    "nm_wgmma_f16_n4m32l128_b256x128x32_g2_s5_km_sm90a_bias_gelu":
+        "cd17462ecb8d62ff8c26072173812e50bb0dc4299b96709c1baf39ae1430be86",
+    "nm_wgmma_bf16_n4m32l128_b128x128x32_g1_s6_km_sm90a_relu":
+        "a936ae24f0512227b4876a80037ffe067481dbde41987035f7ecb743341bf8ef",
+}
+
+
+@pytest.mark.parametrize("name", SHARED_SOURCES)
+def test_the_shared_copy_kernel_renders_as_before_the_producer_warpgroup(name):
+    code = nmgen.render(WgmmaConfig.from_name(name)).code
+    code = code.replace(f"nmgen {nmgen.__version__}", "nmgen VERSION")
+    assert hashlib.sha256(code.encode()).hexdigest() == SHARED_SOURCES[name]
+
+
+# Row-major A (which came after d30b048, beside the producer warpgroup): the shared-copy
+# kernel and its transpose as rendered before the producer warpgroup was ported (b7087cf).
+SHARED_RM_SOURCES = {
+    "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_rm_sm90a":
+        "1906a717bedfd42f4f65635cd1a5a59e848de16a66a57698a4d0088bc05e3116",
+    "nm_wgmma_f16_n2m4l64_b128x64x16_g2_s3_rm_sm90a_bias_silu":
+        "f7f00518d6bd5e95b902c131d55bcca2a48c07d1d11b4db18cddfabaa08a946c",
+    "nm_wgmma_bf16_n16m64l128_b128x128x128_g2_s3_rm_sm90a":
+        "0881f10227ff468f4e81785bbf82a187b0a80fba2d3fa4a433f667cc7d04b2d4",
+}
+
+
+@pytest.mark.parametrize("name", SHARED_RM_SOURCES)
+def test_the_row_major_shared_copy_kernel_renders_as_before_the_producer_warpgroup(name):
+    code = nmgen.render(WgmmaConfig.from_name(name)).code
+    code = code.replace(f"nmgen {nmgen.__version__}", "nmgen VERSION")
+    assert hashlib.sha256(code.encode()).hexdigest() == SHARED_RM_SOURCES[name]
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
@@ -136,6 +251,26 @@ def test_render_reads_as_the_configuration(dtype, bn):
     assert f"__launch_bounds__(THREADS, {min_blocks_per_sm(config)})" in code
     assert "epilogue(" not in code
     assert "epilogue(x0, bias, col)" in nmgen.render(config.replace(epilogue="bias")).code
+    assert "mbarrier" not in code and code.count("__syncthreads()") == 1
+
+
+@pytest.mark.parametrize("a_vec_path", ["cp.async.mbarrier.arrive.noinc.shared::cta.b64",
+                                        "cp.async.mbarrier.arrive.shared::cta.b64"])
+def test_render_of_a_producer_warpgroup(a_vec_path):
+    code = nmgen.render(WARP).code
+    assert WARP.name in code and "//   producer   = warp" in code
+    assert "constexpr int THREADS = 128 * (WARPGROUPS + 1);" in code
+    assert "constexpr int COPY_THREADS = 128;" in code
+    assert a_vec_path in code
+    assert "mbarrier.try_wait.parity.shared::cta.b64" in code
+    assert "mbarrier.init.shared::cta.b64" in code and "fence.proxy.async.shared::cta" in code
+    # one block barrier (the mbarriers' initialisation), before the roles split
+    assert code.count("__syncthreads()") == 1
+    assert code.index("__syncthreads()") < code.index("if (warpgroup == WARPGROUPS)")
+    assert f"== {WARP.smem_bytes}" in code and "cp_async_wait<" not in code.split(
+        "extern \"C\"")[1]
+    with_bias = nmgen.render(WARP.replace(epilogue="bias_relu")).code
+    assert "epilogue(x0, bias, col)" in with_bias and "mbar_wait(full" in with_bias
 
 
 @pytest.mark.parametrize("depth, cols", [(300, 130), (64, 128), (33, 7)])
@@ -184,6 +319,74 @@ def test_plan_is_one_launch_over_row_and_column_blocks(lda, aligned, vec):
     (launch,) = WGMMA.plan(with_bias, prepared, weight.shape, Call(300, lda, aligned),
                            DEVICE).launches
     assert launch.args[-1] == Pointer("bias")
+    (launch,) = WGMMA.plan(WARP, prepared, weight.shape, Call(300, lda, aligned),
+                           DEVICE).launches
+    assert launch.entry == WARP.name and launch.threads == 384
+    assert launch.smem == WARP.smem_bytes == CONFIG.smem_bytes + 64
+
+
+@pytest.mark.parametrize("lda, aligned, pairs", [(400, True, 1), (401, True, 0),
+                                                 (400, False, 0)])
+def test_row_major_a_is_transposed_into_a_k_major_copy_first(lda, aligned, pairs):
+    """Row-major A (M x K, rows lda apart): the transpose kernel writes the K-major copy
+    (rows padded to 8 elements, 16-byte copies for the kernel), which the kernel reads."""
+    config = CONFIG.replace(a_layout="rm")
+    assert config.name == CONFIG.name.replace("_km_", "_rm_")
+    assert WgmmaConfig.from_name(config.name) == config
+    assert render.entry_points(config) == (config.name, config.name + "_transpose")
+    assert "_transpose(" in nmgen.render(config).code
+    assert "_transpose(" not in nmgen.render(CONFIG).code
+    weight = random_weight(np.random.default_rng(0), 8, 32, 128, 300, 200,
+                           dtype=nmgen.DType.BF16)
+    prepared = prepare(weight, config)
+    plan = WGMMA.plan(config, prepared, weight.shape, Call(301, lda, aligned), DEVICE)
+    copy, main = plan.launches
+    (workspace,) = plan.workspaces
+    ldt = 304  # 301 rows padded to 8
+    assert copy.entry == config.name + "_transpose" and copy.grid == (5, 5, 1)
+    assert [a.value for a in copy.args if isinstance(a, Scalar)] == [301, 300, lda, ldt, pairs]
+    assert workspace.name == "a_copy" and workspace.count == 300 * ldt
+    assert workspace.dtype.itemsize == 2
+    assert main.entry == config.name and main.args[0] == Pointer("a_copy")
+    scalars = [a.value for a in main.args if isinstance(a, Scalar)]
+    assert scalars[3] == ldt and scalars[-1] == 1  # K-major rows ldt apart, 16-byte copies
+    km = estimate(CONFIG, H100, 4096, 4096, 4096).time_ms
+    rm = estimate(config, H100, 4096, 4096, 4096).time_ms
+    assert km < rm < 1.5 * km
+
+
+def test_a_producer_warpgroup_reads_row_major_a_through_the_same_copy():
+    """Row-major A with a producer warpgroup: the same transpose and workspace, and the
+    kernel takes the shared kernel's arguments; only its block (the producer's 128
+    threads) and shared memory (the mbarriers) differ."""
+    shared = CONFIG.replace(a_layout="rm")
+    warp = shared.replace(producer="warp")
+    assert warp.name == "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_ws_rm_sm90a"
+    assert WgmmaConfig.from_name(warp.name) == warp and config_from_dict(warp.to_dict()) == warp
+    assert warp.a_copied and warp.a_stage_depth == warp.bk
+    assert render.entry_points(warp) == (warp.name, warp.name + "_transpose")
+    code = nmgen.render(warp).code
+    assert "_transpose(" in code and "mbar_wait(full" in code
+    weight = random_weight(np.random.default_rng(0), 8, 32, 128, 300, 200,
+                           dtype=nmgen.DType.BF16)
+    prepared = prepare(weight, warp)
+    for call in (Call(301, 400, True), Call(301, 401, False)):
+        theirs = WGMMA.plan(shared, prepared, weight.shape, call, DEVICE)
+        ours = WGMMA.plan(warp, prepared, weight.shape, call, DEVICE)
+        assert ours.workspaces == theirs.workspaces
+        (copy, main), (their_copy, their_main) = ours.launches, theirs.launches
+        assert copy.entry == warp.name + "_transpose"
+        assert (copy.grid, copy.threads, copy.smem, copy.args) == (
+            their_copy.grid, their_copy.threads, their_copy.smem, their_copy.args)
+        assert main.entry == warp.name and main.args == their_main.args
+        assert main.grid == their_main.grid
+        assert main.threads == warp.threads == 384 and their_main.threads == 256
+        assert main.smem == warp.smem_bytes == shared.smem_bytes + 64
+    # the model: the transpose on top of an estimate never below the shared twin's
+    for shape in [(4096, 4096, 4096), (128, 11008, 4096)]:
+        assert estimate(warp, H100, *shape).time_ms >= estimate(shared, H100, *shape).time_ms
+        assert (estimate(warp, H100, *shape).time_ms
+                > estimate(CONFIG.replace(producer="warp"), H100, *shape).time_ms)
 
 
 def test_model_ranks_big_tiles_first_at_large_shapes_and_sparsity_pays():
@@ -198,6 +401,18 @@ def test_model_ranks_big_tiles_first_at_large_shapes_and_sparsity_pays():
     ms, config = best[16]  # never faster than the tensor cores' peak on the compressed product
     assert ms > 2 * 4096 * 4096 * 2048 / (tensor_tflops(H100) * 1e12) * 1e3
     assert stage_mma_cycles(config, H100) > 0
+
+
+@pytest.mark.parametrize("problem", PROBLEMS[:4], ids=str)
+def test_model_never_ranks_a_producer_warpgroup_above_its_shared_twin(problem):
+    configs = WGMMA.seed_candidates(problem, WGMMA.space)
+    for shape in [(4096, 4096, 4096), (2048, 4096, 4096), (128, 11008, 4096), (1, 64, 64)]:
+        for config in configs:
+            if config.specialized:
+                twin = config.replace(producer="shared")
+                assert (estimate(config, H100, *shape).time_ms
+                        >= estimate(twin, H100, *shape).time_ms), (config.name, shape)
+        assert not WGMMA.default_config(problem, H100, shape).specialized
 
 
 def test_model_prefers_wgmma_to_mma_sync_on_k_major_prefill():
@@ -273,6 +488,7 @@ NVCC_CONFIGS = [  # ptxas (CUDA 13.0) registers in the comments
     "nm_wgmma_f16_n2m4l64_b128x64x16_g2_s3_km_sm90a",  # 112
     "nm_wgmma_bf16_n3m7l128_b64x128x48_g1_s3_km_sm90a",  # 128
     "nm_wgmma_bf16_n16m64l128_b128x128x128_g2_s3_km_sm90a_bias_silu",  # 142
+    "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_rm_sm90a",  # row-major A: the transpose too
 ]
 
 
@@ -287,6 +503,11 @@ def check_resources(config: WgmmaConfig) -> None:
     assert main.registers <= budget, f"{config.name}: {main.registers} > {budget}"
     assert "sm_90a" in compiled.log
     assert "serialized" not in compiled.log, compiled.log  # wgmmas kept in flight
+    split = config.register_split(min_blocks_per_sm(config))
+    if split is not None:
+        # setmaxnreg moves registers inside the block's pool: the launch count must be the
+        # one the split assumes, or setmaxnreg.inc would wait for registers forever
+        assert main.registers == split[0], f"{config.name}: {main.registers} != {split}"
 
 
 @pytest.mark.nvcc
@@ -303,6 +524,70 @@ def test_sampled_configurations_compile_without_spills(seed):
                       rng.choice([64, 128, 256]), ALayout.K_MAJOR, Arch.SM90,
                       rng.choice(["bf16", "f16"]))
     check_resources(WGMMA.space.sample(problem, rng))
+
+
+# Producer warpgroups: ptxas (CUDA 13.0) registers at launch, and setmaxnreg's split
+NVCC_WARP = [
+    "nm_wgmma_bf16_n16m32l128_b128x128x32_g2_s4_ws_km_sm90a",  # 90
+    "nm_wgmma_bf16_n4m32l128_b128x128x32_g2_s6_ws_km_sm90a",  # 90
+    "nm_wgmma_bf16_n8m32l128_b256x128x64_g2_s4_ws_km_sm90a",  # 154: two m64 tiles a thread
+    "nm_wgmma_bf16_n16m32l128_b256x128x32_g2_s5_ws_km_sm90a",  # 154
+    "nm_wgmma_bf16_n16m32l128_b128x128x32_g1_s4_ws_km_sm90a",  # 128 -> 56 / 200
+    "nm_wgmma_f16_n16m32l128_b128x128x64_g1_s3_ws_km_sm90a",  # 128 -> 72 / 184
+    "nm_wgmma_bf16_n16m32l64_b256x64x32_g2_s5_ws_km_sm90a",  # 80 -> 48 / 96
+    "nm_wgmma_bf16_n16m32l256_b64x256x64_g1_s3_ws_km_sm90a",  # 154: n256
+    "nm_wgmma_f16_n2m4l64_b64x64x16_g1_s6_ws_km_sm90a_bias_silu",  # 58
+    "nm_wgmma_bf16_n16m64l128_b128x128x128_g2_s3_ws_km_sm90a_bias_gelu",  # 151
+    "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_ws_rm_sm90a",  # row-major A: the transpose
+    "nm_wgmma_f16_n16m32l128_b128x128x32_g1_s4_ws_rm_sm90a_bias_silu",  # 128 -> 56 / 200
+]
+
+
+def warp_sample(count: int = 16) -> list[WgmmaConfig]:
+    """Producer-warpgroup configurations drawn over what the brief of the variant names:
+    patterns 16:32, 8:32, 4:32, 2:4; L 64, 128, 256; bk 16, 32, 64; one or two MMA
+    warpgroups; 3-6 stages; BF16 and FP16; every other one with an epilogue."""
+    rng = random.Random(1)
+    patterns, vecs, bks = [(16, 32), (8, 32), (4, 32), (2, 4)], [64, 128, 256], [16, 32, 64]
+    epilogues = ["bias", "gelu", "bias_silu", "relu"]
+    configs: dict[str, WgmmaConfig] = {}
+    while len(configs) < count:
+        i = len(configs)
+        (n, m), vec, bk = patterns[i % 4], vecs[i % 3], bks[(i // 4) % 3]
+        if bk % n:
+            continue
+        try:
+            config = WgmmaConfig(n, m, vec, bm=rng.choice([64, 128, 256]),
+                                 bn=rng.choice([b for b in (64, 128, 256) if vec % b == 0]),
+                                 windows=bk // n, warpgroups=1 + i % 2, stages=3 + i % 4,
+                                 dtype=("bf16", "f16")[(i // 2) % 2], producer="warp",
+                                 epilogue=epilogues[i // 2 % 4] if i % 2 else None)
+        except nmgen.ConfigError:
+            continue
+        configs[config.name] = config
+    return list(configs.values())
+
+
+def test_the_producer_warpgroup_sample_spans_the_brief():
+    sample = warp_sample()
+    assert all(c.specialized for c in sample) and len(sample) == 16
+    assert {(c.n, c.m) for c in sample} == {(16, 32), (8, 32), (4, 32), (2, 4)}
+    assert {c.vec for c in sample} == {64, 128, 256} and {c.bk for c in sample} == {16, 32, 64}
+    assert {c.warpgroups for c in sample} == {1, 2} and {c.stages for c in sample} == {3, 4, 5, 6}
+    assert {c.dtype.value for c in sample} == {"bf16", "f16"}
+    assert any(c.epilogue for c in sample) and not all(c.epilogue for c in sample)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", NVCC_WARP)
+def test_named_producer_warpgroup_configurations_compile_without_spills(name):
+    check_resources(WgmmaConfig.from_name(name))
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("index", range(16))
+def test_sampled_producer_warpgroup_configurations_compile_without_spills(index):
+    check_resources(warp_sample()[index])
 
 
 @pytest.mark.nvcc

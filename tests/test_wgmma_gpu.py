@@ -4,9 +4,13 @@ Random configurations of the family's space (BF16 and FP16, L of 64 to 256, patt
 2:4 to 16:64) each run on several odd shapes (M from 1, N and K not multiples of the tiles
 or of m, rows of A wider than M or not 16-byte aligned), with the output poisoned with NaN
 before every launch; then 4096^3 problems on the model's choice and a hand-picked
-configuration of each tile shape. The reference is the float64 product of the rounded
-inputs; the tolerance is the mma family's (``test_mma_gpu.tolerance``): the output's
-rounding and the FP32 accumulation of K products.
+configuration of each tile shape. Kernels with a producer warpgroup (``producer="warp"``,
+mbarriers instead of block barriers, some with setmaxnreg) are drawn by the space too, and
+a hand-picked few (row-major A among them: the K-major copy read as the shared kernel
+reads it) run odd shapes with K deep enough for many passes over the stages. The
+reference is the float64 product of the rounded inputs; the tolerance is the mma family's
+(``test_mma_gpu.tolerance``): the output's rounding and the FP32 accumulation of K
+products.
 """
 
 from __future__ import annotations
@@ -55,7 +59,8 @@ def draw_configs(rng: random.Random, count: int) -> list[WgmmaConfig]:
     configs: dict[str, WgmmaConfig] = {}
     while len(configs) < count:
         i = len(configs)
-        problem = Problem(*PATTERNS[i % len(PATTERNS)], rng.choice(VECS), ALayout.K_MAJOR,
+        layout = (ALayout.K_MAJOR, ALayout.ROW_MAJOR)[i % 3 == 2]  # a third row-major
+        problem = Problem(*PATTERNS[i % len(PATTERNS)], rng.choice(VECS), layout,
                           info.arch, (DType.BF16, DType.F16)[(i // len(PATTERNS)) % 2])
         if WGMMA.serves(problem) is not None:
             continue
@@ -102,7 +107,11 @@ TILES = ["nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_km_sm90a",
          "nm_wgmma_bf16_n8m32l128_b256x128x64_g2_s3_km_sm90a",
          "nm_wgmma_f16_n8m32l128_b128x128x64_g1_s4_km_sm90a",
          "nm_wgmma_bf16_n16m32l256_b128x256x64_g2_s3_km_sm90a",
-         "nm_wgmma_bf16_n4m32l64_b64x64x32_g1_s5_km_sm90a"]
+         "nm_wgmma_bf16_n4m32l64_b64x64x32_g1_s5_km_sm90a",
+         "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_rm_sm90a",
+         "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_ws_km_sm90a",
+         "nm_wgmma_bf16_n16m32l128_b256x128x32_g2_s5_ws_km_sm90a",
+         "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_ws_rm_sm90a"]
 
 
 @pytest.mark.parametrize("name", TILES)
@@ -112,6 +121,37 @@ def test_tile_shapes_at_4096_cubed_match_float64(name, gpu_cases):
                          "none", device_values=True)
     gpu_cases["kernel_cases"] += 1
     assert err < tolerance(config.dtype, 4096), f"{name}: {err:.3g}"
+
+
+# Producer warpgroups: (name, what it exercises)
+WARP = ["nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_ws_km_sm90a",  # the probe's tile
+        "nm_wgmma_f16_n16m32l128_b256x128x32_g2_s5_ws_km_sm90a",  # two m64 tiles a thread
+        "nm_wgmma_bf16_n16m32l128_b128x128x32_g1_s4_ws_km_sm90a",  # setmaxnreg 128: 56 / 200
+        "nm_wgmma_f16_n2m4l64_b256x64x16_g2_s6_ws_km_sm90a",  # setmaxnreg 80: 40 / 96
+        "nm_wgmma_bf16_n3m7l128_b64x128x48_g1_s3_ws_km_sm90a",  # 3 stages, odd pattern
+        "nm_wgmma_bf16_n4m32l256_b64x256x64_g1_s3_ws_km_sm90a",  # n256
+        "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_ws_rm_sm90a",  # row-major A: the copy
+        "nm_wgmma_f16_n16m32l128_b128x128x32_g1_s4_ws_rm_sm90a_bias_silu"]  # and setmaxnreg
+# (M, N, K, A's row padding): one stage and many passes over the STAGES buffers (the
+# mbarriers' phases), unaligned A (the element-wise path: stores released by an
+# ordinary arrival), rows wider than M
+WARP_SHAPES = [(1, 333, 4099, "none"), (17, 129, 3001, "odd"), (100, 200, 2500, "wide"),
+               (255, 65, 7, "odd"), (130, 257, 1, "none"), (64, 64, 700, "none")]
+
+
+@pytest.mark.parametrize("name", WARP)
+def test_producer_warpgroup_on_odd_shapes_matches_float64(name, gpu_cases):
+    config = WgmmaConfig.from_name(name)
+    kernel = Kernel(config)
+    rng = random.Random(SEED)
+    wrong = []
+    for rows, cols, depth, pad in WARP_SHAPES + draw_shapes(rng, config)[:5]:
+        err = relative_error(kernel, np.random.default_rng(rng.randrange(1 << 31)), rows,
+                             cols, depth, pad)
+        gpu_cases["kernel_cases"] += 1
+        if not err < tolerance(config.dtype, depth):
+            wrong.append(f"M={rows} N={cols} K={depth} pad={pad}: {err:.3g}")
+    assert not wrong, f"{name}, seed {SEED}: {len(wrong)} wrong:\n" + "\n".join(wrong)
 
 
 LARGE = [Problem(8, 32, 128, ALayout.K_MAJOR, dtype="bf16"),

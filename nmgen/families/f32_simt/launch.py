@@ -81,9 +81,10 @@ def plan(config: KernelConfig, weight: PreparedWeight, shape: tuple[int, int], c
             COPY_A_THREADS, 0,
             (Pointer(A), Pointer(A_COPY), i32(m_rows), i32(k_dim), i64(lda), i64(ld))))
         a_buffer, lda, a_aligned = A_COPY, ld, True  # workspaces are 256-byte aligned
-    # 16-byte copies along A's contiguous dimension need it and the rows aligned.
+    # 16-byte copies along A's contiguous dimension need it and the rows aligned; a "tx"
+    # copy's rows are padded with zeros to a multiple of 4 (a chunk across M reads zeros).
     extent = k_dim if c.kernel_a_layout is ALayout.ROW_MAJOR else m_rows
-    a_vec4 = extent % 4 == 0 and lda % 4 == 0 and a_aligned
+    a_vec4 = (c.a_copied or extent % 4 == 0) and lda % 4 == 0 and a_aligned
     values = weight.arrays["values"]
     stages_total = weight.arrays["pos"].shape[1]
     ldb = values.shape[1]

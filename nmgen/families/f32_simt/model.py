@@ -75,6 +75,17 @@ COPY_LAUNCH_US = 2.0
 # the pipelined launch's time over K-major A was 0.52-0.66 of one copy's
 # (docs/engineering-notes.md §6), a rest share of 0.35-0.54.
 PIPELINED_COPY_REST = 0.4
+# Unaligned A copies: a main kernel that copies the caller's K-major A by cp.async moves
+# 16 bytes a copy only where the rows are 16-byte aligned (taken as M % 4 == 0); otherwise
+# one float a cp.async (load_a_km_unaligned), as does the cp.async twin a "tma" kernel
+# runs instead. A "tx" copy's rows are padded to a multiple of 4 and always take 16-byte
+# copies. Its compute efficiency takes this factor, fitted where "tx" copies still took
+# the one-float path (results/untuned_h100/, H100, 40-trial tunes of 192 row-major
+# problems): within a problem, the cp.async kernels' measured / estimated time over the
+# "tma" ones' was 1.78 at M = 333 and 1.74 at M = 777, against 1.46 at M = 100 and 1.01 at
+# M = 1024 (1.21 and 1.06 interpolated in log M): 1.48 and 1.64 too slow; this factor
+# (0.59 at M = 333, 0.54 at 777) removes that.
+UNALIGNED_A_COPY_FACTOR = 0.56
 # Reserved by the driver per resident block (CUDA occupancy calculator).
 SMEM_RESERVED_PER_BLOCK = 1024
 
@@ -242,21 +253,29 @@ class _Columns:
     per_sm: np.ndarray
     stream_k: np.ndarray  # bool
     a_copied: np.ndarray  # bool: the transpose kernel runs first ("tx")
+    km_cp_async: np.ndarray  # bool: K-major A by cp.async (4-byte copies at M % 4 != 0)
     efficiency: np.ndarray
     a_rows_fraction: np.ndarray
     a_copy_eff: np.ndarray
 
 
+def km_cp_async(config: KernelConfig) -> bool:
+    """Whether the main kernel copies the caller's K-major A by cp.async, 4 bytes a copy
+    where M % 4 != 0 (UNALIGNED_A_COPY_FACTOR): a ``tma`` kernel too, which runs its
+    cp.async twin where the rows are not 16 bytes apart (taken here as lda = M)."""
+    return config.kernel_a_layout is ALayout.K_MAJOR and not config.a_copied
+
+
 def _columns(configs: Sequence[KernelConfig], gpu: GpuSpec) -> _Columns:
     pairs = [(c, _fixed(c, gpu)) for c in configs]
     ints = np.array([(c.ms, c.ns, c.ks, c.n, c.m, c.split_k, c.slice_k, c.stages, f.per_sm,
-                      c.stream_k, c.a_copied) for c, f in pairs], dtype=np.int64).reshape(-1, 11)
+                      c.stream_k, c.a_copied, km_cp_async(c)) for c, f in pairs],
+                    dtype=np.int64).reshape(-1, 12)
     # Row-major A transposed by 4-byte copies moves a quarter of the bytes per L1 access.
     floats = np.array([(f.efficiency, f.a_rows_fraction,
                         0.25 if c.kernel_a_layout is ALayout.ROW_MAJOR and c.packing else 1.0)
                        for c, f in pairs], dtype=np.float64).reshape(-1, 3)
-    return _Columns(*ints[:, :9].T, ints[:, 9].astype(bool), ints[:, 10].astype(bool),
-                    *floats.T)
+    return _Columns(*ints[:, :9].T, *ints[:, 9:].T.astype(bool), *floats.T)
 
 
 def _ceil_div(a, b):
@@ -289,7 +308,9 @@ def _predict(c: _Columns, gpu: GpuSpec, m_rows: int, n_cols: int, k: int) -> dic
     stages = k_pad / c.ks / c.split_k
     w_rows = k_pad * c.n // c.m
     flops = 2.0 * row_blocks * c.ms * col_blocks * c.ns * w_rows
-    compute_ms = flops / (gpu.peak_fp32_tflops * 1e12 * c.efficiency) * 1e3
+    efficiency = np.where(c.km_cp_async & (m_rows % 4 != 0),
+                          c.efficiency * UNALIGNED_A_COPY_FACTOR, c.efficiency)
+    compute_ms = flops / (gpu.peak_fp32_tflops * 1e12 * efficiency) * 1e3
     a_bytes = 4.0 * m_rows * k_pad * c.a_rows_fraction
     b_bytes = 4.0 * w_rows * col_blocks * c.ns
     c_bytes = 4.0 * m_rows * n_cols * c.split_k

@@ -3,35 +3,31 @@ FP32 accumulation, output in the input dtype (DESIGN §8)."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from ...cache import cache_file, load_or_build
-from ...format import NMMatrix
 from ...gpus import GpuSpec
 from ...problem import Problem
 from ...shapes import Shape
-from ..base import EPILOGUE_TEMPLATE, Family, PreparedWeight
-from ..plan import Call, Device, LaunchPlan
-from ..space import SearchSpace
-from . import launch, model, prepare, render
-from .config import DTYPES, FAMILY, MmaConfig
+from ..tensor_core.config import DTYPES
+from ..tensor_core.family import TensorCoreFamily
+from ..tensor_core.model import RankTable
+from . import model, render
+from .config import FAMILY, MmaConfig
 from .space import SPACE
 
 SERVED_VECS = frozenset({16, 32, 64, 128, 256})
 MAX_SERVED_M = 64  # window size m the family serves
 
-HERE = Path(__file__).resolve().parent
 
-
-class Mma(Family):
+class Mma(TensorCoreFamily):
     name = FAMILY
     title = "tensor cores (mma.sync, BF16/FP16)"
     dtypes = DTYPES
     space = SPACE
     subspaces = {"full": SPACE}
+    config_type = MmaConfig
+    template = render.TEMPLATE
 
     def serves(self, problem: Problem) -> str | None:
         refused = super().serves(problem)
@@ -45,63 +41,24 @@ class Mma(Family):
             return f"{FAMILY} kernels need sm_80 or newer"
         return None
 
-    def config_from_dict(self, values: dict[str, Any]) -> MmaConfig:
-        return MmaConfig.from_dict(values)
-
-    def config_from_name(self, name: str) -> MmaConfig | None:
-        if not name.startswith(f"nm_{FAMILY}_"):
-            return None
-        return MmaConfig.from_name(name)
-
     def feasible(self, config: MmaConfig, gpu: GpuSpec) -> str | None:
         return model.feasible(config, gpu)
 
     def estimate_ms(self, config: MmaConfig, gpu: GpuSpec, shape: Shape) -> float:
         return model.estimate_ms(config, gpu, shape)
 
-    def ranker(self, configs: Sequence[MmaConfig], gpu: GpuSpec) -> model.RankTable:
-        return model.RankTable(list(configs), gpu)
-
-    def seed_candidates(self, problem: Problem, space: SearchSpace) -> list[MmaConfig]:
-        return list(enumeration(problem, space))
+    def ranker(self, configs: Sequence[MmaConfig], gpu: GpuSpec) -> RankTable:
+        return model.rank_table(configs, gpu)
 
     def seed_shape(self, config: MmaConfig) -> tuple:
         """Seeds differ in more than their pipeline depth."""
         return (config.bm, config.bn, config.windows, config.warps_m, config.warps_n)
-
-    @property
-    def templates(self) -> Path:
-        return HERE / "templates"
-
-    def template_name(self, config: MmaConfig) -> str:
-        return render.TEMPLATE
 
     def template_arguments(self, config: MmaConfig) -> dict[str, Any]:
         return render.template_arguments(config)
 
     def entry_points(self, config: MmaConfig) -> tuple[str, ...]:
         return render.entry_points(config)
-
-    def generator_files(self) -> tuple[Path, ...]:
-        return (self.templates / render.TEMPLATE, EPILOGUE_TEMPLATE, HERE / "render.py")
-
-    def prepare(self, weight: NMMatrix, config: MmaConfig) -> PreparedWeight:
-        return prepare.prepare(weight, config)
-
-    def layout_key(self, config: MmaConfig) -> Any:
-        return prepare.layout_key(config)
-
-    def plan(self, config: MmaConfig, weight: PreparedWeight, shape: tuple[int, int],
-             call: Call, device: Device) -> LaunchPlan:
-        return launch.plan(config, weight, shape, call, device)
-
-
-@functools.cache
-def enumeration(problem: Problem, space: SearchSpace) -> tuple[MmaConfig, ...]:
-    """Every valid configuration of ``space`` for ``problem`` (cached in the process and on
-    disk)."""
-    path = cache_file("space", (FAMILY, problem, space), MMA.source_files())
-    return load_or_build(path, lambda: tuple(space.enumerate(problem)), tuple)
 
 
 MMA = Mma()

@@ -6,7 +6,8 @@ from typing import Any
 
 from ...problem import ALayout, Problem
 from ..space import Param, SearchSpace
-from .config import FAMILY, MAX_STAGE_ROWS, MAX_THREADS, MmaConfig
+from ..tensor_core.space import TensorCoreMapping
+from .config import FAMILY, MAX_THREADS, MmaConfig
 
 SPACE_PARAMS = (
     Param("bm", (16, 32, 64, 128, 256)),  # block tile rows
@@ -18,25 +19,13 @@ SPACE_PARAMS = (
 )
 
 
-class _Mapping:
-    def allowed(self, problem: Problem, param: str, choices: tuple) -> tuple:
-        if param == "bn":
-            return tuple(b for b in choices if problem.vec % b == 0) or choices[:1]
-        if param == "windows":
-            fits = tuple(w for w in choices if (w * problem.n) % 16 == 0
-                         and w * problem.n <= MAX_STAGE_ROWS
-                         and (problem.a_layout is ALayout.K_MAJOR or w * problem.m % 8 == 0))
-            return fits or choices[-1:]
-        return choices
+class _Mapping(TensorCoreMapping):
+    config_type = MmaConfig
 
-    def build(self, problem: Problem, values: dict[str, Any]) -> MmaConfig:
-        return MmaConfig(problem.n, problem.m, problem.vec, values["bm"], values["bn"],
-                         values["windows"], values["warps_m"], values["warps_n"],
-                         values["stages"], problem.a_layout, problem.arch, problem.dtype)
-
-    def values_of(self, config: MmaConfig) -> dict[str, Any]:
-        return {"bm": config.bm, "bn": config.bn, "windows": config.windows,
-                "warps_m": config.warps_m, "warps_n": config.warps_n, "stages": config.stages}
+    def windows_fit(self, problem: Problem, windows: int) -> bool:
+        """Row-major A: the window tile is whole 16-byte chunks."""
+        return super().windows_fit(problem, windows) and (
+            problem.a_layout is ALayout.K_MAJOR or windows * problem.m % 8 == 0)
 
     def quick_reject(self, values: dict[str, Any]) -> bool:
         return (values["bm"] % (16 * values["warps_m"]) != 0

@@ -1,12 +1,20 @@
 """``WgmmaConfig``: one instance of the Hopper ``wgmma`` template, validated, named after
 every parameter and serialisable. Its rules are the family's resource rules.
 
-A block computes a ``bm × bn`` tile of C from one column group (``L % bn == 0``: the block
-shares one index set) over stages of ``windows`` windows, ``bk = windows·n`` compressed
-rows a stage (whole ``k16`` steps). Its ``warpgroups`` warpgroups (128 threads each) split
-``bm`` into ``64·tiles_m`` rows each and issue ``wgmma.mma_async m64n{bn}k16`` with both
-operands in shared memory, in the 128-byte swizzled MN-major layout: ``bn`` is a multiple
-of 64 (the swizzle atom is 64 16-bit columns wide), hence ``L >= 64``.
+A block computes a ``bm × bn`` tile of C from one column group over stages of ``bk``
+compressed rows (``TensorCoreConfig``). Its ``warpgroups`` warpgroups (128 threads each)
+split ``bm`` into ``64·tiles_m`` rows each and issue ``wgmma.mma_async m64n{bn}k16`` with
+both operands in shared memory, in the 128-byte swizzled MN-major layout: ``bn`` is a
+multiple of 64 (the swizzle atom is 64 16-bit columns wide), hence ``L >= 64``. The
+kernel reads K-major A; row-major A (``_rm_``) is first copied K-major by the module's
+transpose kernel (``a_copied``).
+
+``producer``: who copies the stages in. ``"shared"``: the same warpgroups that issue the
+MMAs, a block barrier every stage. ``"warp"``: one more warpgroup that only copies (warp
+specialisation, name tag ``_ws``), the stages handed over by two mbarriers each (full,
+empty); the ``warpgroups`` warpgroups only issue MMAs. Its registers are rebalanced by
+``setmaxnreg`` where the consumers need more than an even share (``register_split``). It
+reads A as the shared kernel does (row-major A: the transpose kernel's K-major copy).
 """
 
 from __future__ import annotations
@@ -15,16 +23,22 @@ import functools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import ClassVar
+from enum import Enum
+from typing import Any, ClassVar
 
 from ...epilogue import NO_EPILOGUE, Epilogue
-from ...format import MAX_M, DType
+from ...format import DType
 from ...gpus import REGISTERS_PER_SM, Arch
 from ...problem import ALayout
-from ..space import ConfigError, ConfigRecord, coerce_enums, coerce_epilogue
+from ..space import coerce_enums
+from ..tensor_core.config import (
+    ELEMENT_BYTES,
+    MAX_REGISTERS,
+    TensorCoreConfig,
+    name_pattern,
+)
 
 FAMILY = "wgmma"
-DTYPES = frozenset({DType.BF16, DType.F16})
 TARGET = "sm_90a"  # wgmma needs the arch-specific target
 WARPGROUP = 128  # threads
 ATOM_COLS = 64  # 16-bit columns of one 128-byte swizzle atom row
@@ -32,19 +46,53 @@ ATOM_ROW_BYTES = 128
 BLOCK_NS = (64, 128, 256)
 MAX_WARPGROUPS = 2
 MAX_TILES_M = 2  # m64 tiles a warpgroup
-MAX_ACCUMULATORS = 128  # FP32 accumulators a thread
 MIN_STAGES, MAX_STAGES = 3, 6  # one stage is read by the wgmma in flight
-MAX_STAGE_ROWS = 128  # compressed rows a stage (bk)
-ELEMENT_BYTES = 2
 ALIGN_SLACK = 1024  # the stages start at a 1024-byte boundary (the swizzle's period)
-MAX_REGISTERS = 255
 # Registers beside the accumulators: addresses, descriptors, loop state, the copies'
 # indices (ptxas, sm_90a: see tests/test_wgmma.py's nvcc tests).
 REGISTER_OVERHEAD = 64
+BARRIER_BYTES = 8  # one mbarrier
+REGISTER_GRANULE = 8  # registers a thread are allocated (and setmaxnreg'd) in eights
+MIN_SETMAXNREG, MAX_SETMAXNREG = 24, 256
+# Warp specialisation (producer "warp"): an MMA thread's registers beside its accumulators
+# (descriptors, barrier addresses, loop state, the epilogue's indices); a producer
+# thread's: these, one a chunk of A it copies a stage (its dense row) and four a chunk of
+# B' (ptxas keeps each chunk's 64-bit source and its offsets across the stages). Fitted
+# to ptxas (CUDA 13.0, sm_90a) after setmaxnreg.dec: producers of (A, B') chunks (8, 2)
+# spilled at 40 registers, (8, 8) at 56, (16, 16) at 96; every configuration where the
+# split applies compiles without spills (tests/test_wgmma.py's nvcc tests).
+CONSUMER_OVERHEAD = 32
+PRODUCER_OVERHEAD = 32
+PRODUCER_B_CHUNK = 4
+# ptxas (CUDA 13.0) compiles a wgmma m64nNk16 only where the launch register count (before
+# any setmaxnreg.inc) holds its N/2 accumulators and about this many more: N = 64, 128, 256
+# ask for 58, 90, 154.
+WGMMA_OPERAND_REGISTERS = 26
+
+
+class Producer(str, Enum):
+    """Who copies the stages into shared memory."""
+
+    SHARED = "shared"  # the MMA warpgroups themselves, a block barrier a stage
+    WARP = "warp"  # one more warpgroup, mbarriers a stage (warp specialisation)
+
+
+# Parameters that came after the first tuned kernels, with the default that reproduces them.
+LATER_PARAMETERS: dict[str, Any] = {"producer": Producer.SHARED.value}
+WS_TAG = "_ws"  # the name's tag of a producer warpgroup
+
+
+def _granules(registers: int) -> int:
+    """``registers`` rounded up to the allocation granule."""
+    return -(-registers // REGISTER_GRANULE) * REGISTER_GRANULE
 
 
 @dataclass(frozen=True)
-class WgmmaConfig(ConfigRecord):
+class WgmmaConfig(TensorCoreConfig):
+    """e.g. ``nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_km_sm90a``: warpgroups (``g2``),
+    ``_ws`` after the stages for a producer warpgroup (``..._g2_s4_ws_km_sm90a``), the
+    arch-specific target (``sm90a``); an epilogue's tag last (``..._sm90a_bias_silu``)."""
+
     n: int
     m: int
     vec: int  # L
@@ -57,29 +105,55 @@ class WgmmaConfig(ConfigRecord):
     arch: Arch = Arch.SM90
     dtype: DType = DType.BF16
     epilogue: Epilogue = NO_EPILOGUE  # bias and activation on the output (not tuned)
+    producer: Producer = Producer.SHARED  # who copies the stages in
     family: ClassVar[str] = FAMILY
+    warp_fields: ClassVar[tuple[str, ...]] = ("warpgroups",)
+    arch_suffix: ClassVar[str] = "a"
+    name_re: ClassVar[re.Pattern[str]] = name_pattern(FAMILY, r"g(?P<warpgroups>\d+)", "a",
+                                                      rf"(?P<ws>{WS_TAG})?")
+    name_example: ClassVar[str] = "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_km_sm90a"
 
     def __post_init__(self) -> None:
-        coerce_enums(self, {"a_layout": ALayout, "arch": Arch, "dtype": DType})
-        coerce_epilogue(self)
-        for rule, ok in self._rules():
-            if not ok:
-                raise ConfigError(f"{self.name}: violates rule '{rule}'")
+        coerce_enums(self, {"producer": Producer})
+        super().__post_init__()
 
     # ----------------------------------------------------------------- derived sizes
     @property
-    def bk(self) -> int:
-        """Compressed rows of B' (and gathered rows of A) a stage."""
-        return self.windows * self.n
-
-    @property
-    def bkd(self) -> int:
-        """Dense rows of A a stage covers."""
-        return self.windows * self.m
+    def specialized(self) -> bool:
+        """Whether a producer warpgroup of its own copies the stages in."""
+        return self.producer is Producer.WARP
 
     @property
     def threads(self) -> int:
-        return WARPGROUP * self.warpgroups
+        """The MMA warpgroups' threads, and the producer warpgroup's where it has one
+        (the launch's block)."""
+        return WARPGROUP * (self.warpgroups + int(self.specialized))
+
+    @property
+    def copy_threads(self) -> int:
+        """Threads that issue a stage's copies."""
+        return WARPGROUP if self.specialized else self.threads
+
+    @property
+    def a_per_thread(self) -> int:
+        """16-byte chunks of the gathered A tile a copying thread issues a stage."""
+        return -(-self.bk * self.bm // 8 // self.copy_threads)
+
+    @property
+    def b_per_thread(self) -> int:
+        """16-byte chunks of the B' tile a copying thread issues a stage."""
+        return -(-self.bk * self.bn // 8 // self.copy_threads)
+
+    @property
+    def a_copied(self) -> bool:
+        """Row-major A: the transpose kernel writes a K-major copy that the kernel reads."""
+        return self.a_layout is ALayout.ROW_MAJOR
+
+    @property
+    def a_stage_depth(self) -> int:
+        """Elements of each of its ``bm`` rows of A a block reads a stage: the gathered
+        rows, as the kernel reads K-major A (row-major A's copy too)."""
+        return self.bk
 
     @property
     def tiles_m(self) -> int:
@@ -93,7 +167,71 @@ class WgmmaConfig(ConfigRecord):
 
     @property
     def registers_estimate(self) -> int:
+        """Registers a thread (producer "warp": an MMA thread's)."""
+        if self.specialized:
+            return self.accumulators + CONSUMER_OVERHEAD
         return self.accumulators + REGISTER_OVERHEAD
+
+    @property
+    def producer_registers(self) -> int:
+        """Registers a producer thread needs (producer "warp"; 0 without one)."""
+        if not self.specialized:
+            return 0
+        return _granules(PRODUCER_OVERHEAD + self.a_per_thread
+                         + PRODUCER_B_CHUNK * self.b_per_thread)
+
+    @property
+    def block_registers(self) -> int:
+        """Registers a block needs: every thread the estimate, or (producer "warp") the
+        producer warpgroup and the MMA warpgroups theirs, in granules."""
+        if not self.specialized:
+            return self.threads * self.registers_estimate
+        return WARPGROUP * (self.producer_registers
+                            + self.warpgroups * _granules(self.registers_estimate))
+
+    def launch_registers(self, blocks: int) -> int:
+        """Registers a thread at launch with ``blocks`` blocks an SM: what ptxas grants
+        ``__launch_bounds__(threads, blocks)``, the SM's registers over the threads in
+        granules (at most 255)."""
+        share = REGISTERS_PER_SM // (blocks * self.threads)
+        return min(MAX_REGISTERS, share // REGISTER_GRANULE * REGISTER_GRANULE)
+
+    def register_split(self, blocks: int) -> tuple[int, int, int] | None:
+        """Producer "warp" with ``blocks`` blocks an SM: (registers a thread at launch, the
+        producer's after ``setmaxnreg.dec``, the MMA threads' after ``setmaxnreg.inc``), or
+        ``None`` where launch gives every thread enough (and without a producer
+        warpgroup). setmaxnreg moves registers only inside the block (its pool): the MMA
+        threads get launch + (launch - producer) / warpgroups, in granules."""
+        if not self.specialized:
+            return None
+        launch = self.launch_registers(blocks)
+        consumer_need = _granules(self.registers_estimate)
+        if launch >= max(consumer_need, self.producer_registers):
+            return None
+        producer = max(MIN_SETMAXNREG, self.producer_registers)
+        consumer = (launch + (launch - producer) // self.warpgroups) \
+            // REGISTER_GRANULE * REGISTER_GRANULE
+        return launch, producer, min(MAX_SETMAXNREG, consumer)
+
+    def fits_registers(self, blocks: int) -> bool:
+        """Whether ``blocks`` blocks an SM leave every thread the registers it needs (producer
+        "warp": after ``register_split``)."""
+        if blocks * self.block_registers > REGISTERS_PER_SM:
+            return False
+        split = self.register_split(blocks)
+        if split is None:
+            return True
+        launch, producer, consumer = split
+        return (producer < launch and consumer >= _granules(self.registers_estimate)
+                and launch >= self.bn // 2 + WGMMA_OPERAND_REGISTERS)
+
+    def blocks_by_registers(self) -> int:
+        """Blocks an SM the registers allow (0 where not one fits; producer "warp": the
+        most that ``fits_registers``)."""
+        if not self.specialized:
+            return super().blocks_by_registers()
+        most = REGISTERS_PER_SM // self.block_registers
+        return next((b for b in range(most, 0, -1) if self.fits_registers(b)), 0)
 
     @property
     def a_tile_bytes(self) -> int:
@@ -109,71 +247,57 @@ class WgmmaConfig(ConfigRecord):
     def stage_bytes(self) -> int:
         return self.a_tile_bytes + self.b_tile_bytes
 
+    @property
+    def barrier_bytes(self) -> int:
+        """The mbarriers (producer "warp"): full and empty a stage."""
+        return 2 * self.stages * BARRIER_BYTES if self.specialized else 0
+
     @functools.cached_property
     def smem_bytes(self) -> int:
-        """Dynamic shared memory: the stages and the slack that aligns them."""
-        return self.stages * self.stage_bytes + ALIGN_SLACK
+        """Dynamic shared memory: the stages, the mbarriers (producer "warp") and the
+        slack that aligns them."""
+        return self.stages * self.stage_bytes + self.barrier_bytes + ALIGN_SLACK
 
     # ----------------------------------------------------------------- rules
-    def _rules(self) -> Iterator[tuple[str, bool]]:
-        if not all(v >= 1 for v in (self.n, self.m, self.vec, self.bm, self.bn, self.windows,
-                                    self.warpgroups, self.stages)):
-            yield "all sizes >= 1", False
-            return
-        yield ("1 <= n <= m", self.n <= self.m)
-        yield (f"m <= {MAX_M}", self.m <= MAX_M)
-        yield ("dtype bf16 or f16 (tensor-core operands)", self.dtype in DTYPES)
+    def _target_rules(self) -> Iterator[tuple[str, bool]]:
         yield ("arch sm_90 (compiled for sm_90a: wgmma)", self.arch is Arch.SM90)
-        yield ("K-major A (row-major A is served by other families)",
-               self.a_layout is ALayout.K_MAJOR)
         yield (f"bn in {BLOCK_NS} and L % bn == 0 (a block shares one index set)",
                self.bn in BLOCK_NS and self.vec % self.bn == 0)
-        yield ("bk = windows * n a multiple of 16 (whole k16 steps)", self.bk % 16 == 0)
-        yield (f"bk <= {MAX_STAGE_ROWS}", self.bk <= MAX_STAGE_ROWS)
+
+    def _block_rules(self) -> Iterator[tuple[str, bool]]:
         yield (f"1 <= warpgroups <= {MAX_WARPGROUPS}", self.warpgroups <= MAX_WARPGROUPS)
         yield (f"bm = 64 * tiles_m * warpgroups, tiles_m <= {MAX_TILES_M}",
                self.bm % (64 * self.warpgroups) == 0 and 1 <= self.tiles_m <= MAX_TILES_M)
         yield (f"{MIN_STAGES} <= stages <= {MAX_STAGES}",
                MIN_STAGES <= self.stages <= MAX_STAGES)
-        yield (f"accumulators a thread <= {MAX_ACCUMULATORS}",
-               self.accumulators <= MAX_ACCUMULATORS)
-        yield (f"registers (~{self.registers_estimate}) <= {MAX_REGISTERS}",
-               self.registers_estimate <= MAX_REGISTERS)
-        yield (f"threads * registers ({self.threads} * ~{self.registers_estimate}) <= "
-               f"{REGISTERS_PER_SM}", self.threads * self.registers_estimate <= REGISTERS_PER_SM)
-        yield (f"shared memory {self.smem_bytes} B <= {self.arch.max_smem_per_block} B "
-               f"({self.arch.value} limit per block)",
-               self.smem_bytes <= self.arch.max_smem_per_block)
+
+    def _block_register_rules(self) -> Iterator[tuple[str, bool]]:
+        if not self.specialized:
+            yield from super()._block_register_rules()
+            return
+        yield (f"block registers (producer {self.producer_registers} + MMA "
+               f"~{self.registers_estimate} a thread) fit {REGISTERS_PER_SM}",
+               self.fits_registers(1))
 
     # ----------------------------------------------------------------- naming
-    @functools.cached_property
-    def name(self) -> str:
-        """e.g. ``nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_km_sm90a``: block tile bm x bn
-        x bk (compressed rows a stage), warpgroups, stages; an epilogue's tag last
-        (``..._sm90a_bias_silu``)."""
-        return (f"nm_wgmma_{self.dtype.value}_n{self.n}m{self.m}l{self.vec}"
-                f"_b{self.bm}x{self.bn}x{self.bk}_g{self.warpgroups}_s{self.stages}"
-                f"_{self.a_layout.value}_{self.arch.value.replace('_', '')}a"
-                f"{self.epilogue.suffix}")
+    @property
+    def warps_tag(self) -> str:
+        return f"g{self.warpgroups}"
+
+    @property
+    def name_tag(self) -> str:
+        return WS_TAG if self.specialized else ""
 
     @classmethod
-    def from_name(cls, name: str) -> WgmmaConfig:
-        base, epilogue = Epilogue.split_name(name)
-        match = _NAME_RE.match(base)
-        if not match:
-            raise ConfigError(f"{name!r} is not a {FAMILY} kernel name (e.g. {_EXAMPLE})")
-        g = match.groupdict()
-        n, bk = int(g["n"]), int(g["bk"])
-        if bk % n:
-            raise ConfigError(f"{name!r}: {bk} compressed rows a stage are not whole windows "
-                              f"of n={n}")
-        return cls(n, int(g["m"]), int(g["vec"]), int(g["bm"]), int(g["bn"]), bk // n,
-                   int(g["warpgroups"]), int(g["stages"]), a_layout=ALayout(g["layout"]),
-                   arch=Arch(f"sm_{g['arch']}"), dtype=DType(g["dtype"]), epilogue=epilogue)
+    def tag_fields(cls, groups: dict[str, str | None]) -> dict[str, Any]:
+        return {"producer": Producer.WARP if groups["ws"] else Producer.SHARED}
 
-
-_NAME_RE = re.compile(
-    r"^nm_wgmma_(?P<dtype>bf16|f16)_n(?P<n>\d+)m(?P<m>\d+)l(?P<vec>\d+)"
-    r"_b(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)_g(?P<warpgroups>\d+)"
-    r"_s(?P<stages>\d+)_(?P<layout>rm|km)_sm(?P<arch>\d+)a$")
-_EXAMPLE = "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_km_sm90a"
+    def to_dict(self) -> dict[str, Any]:
+        """The parameters as JSON values; those added after kernels were first tuned
+        (``LATER_PARAMETERS``) are left out at their default, so that an older kernel's
+        stored parameters, name and source stay as they were (``nmgen.tune.carry``)."""
+        d = super().to_dict()
+        for key, default in LATER_PARAMETERS.items():
+            if d[key] == default:
+                del d[key]
+        return d

@@ -1,33 +1,34 @@
-"""The wgmma family's launch plan: one kernel, a grid of row blocks x column blocks.
-A's 16-byte copies need its rows 16-byte aligned (``a_vec``), else the kernel reads A an
-element at a time; C takes pairs of values where N is even and C 16-byte aligned."""
+"""The wgmma family's launch plan: the tensor-core kernel's (``tensor_core.launch``), after
+a transpose kernel for row-major A, which writes the K-major copy the kernel reads into a
+workspace (rows padded to 16 bytes)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..base import PreparedWeight
-from ..plan import BIAS, A, Aligned16, C, Call, Device, Launch, LaunchPlan, Pointer, Scalar
+from ..plan import A, Call, Device, Launch, LaunchPlan, Pointer, Scalar, Workspace
+from ..tensor_core import launch as tc_launch
 from .config import WgmmaConfig
-from .render import VECTOR_ELEMS
+from .render import TRANSPOSE_THREADS, TRANSPOSE_TILE, transpose_entry
 
-
-def a_vectorized(call: Call) -> bool:
-    """Whether A's rows (along its contiguous dimension) take 16-byte copies."""
-    return call.a_aligned and call.lda % VECTOR_ELEMS == 0
+A_COPY = "a_copy"
+ELEMS_16B = 8  # 16-bit elements of 16 bytes
 
 
 def plan(config: WgmmaConfig, weight: PreparedWeight, shape: tuple[int, int], call: Call,
          device: Device) -> LaunchPlan:
-    c = config
-    depth, cols = shape
-    values, rows = weight.arrays["values"], weight.arrays["rows"]
-    stages_total = values.shape[0] // c.bk
-    grid = (-(-call.rows // c.bm), values.shape[1] // c.bn, 1)
-    if grid[1] > 65535:
-        raise ValueError(f"{c.name}: {grid[1]} column blocks exceed the grid's 65535")
-    i32 = lambda v: Scalar("i32", int(v))  # noqa: E731
-    i64 = lambda v: Scalar("i64", int(v))  # noqa: E731
-    args = (Pointer(A), Pointer("values"), Pointer("rows"), Pointer(C), i32(call.rows),
-            i32(cols), i32(depth), i64(call.lda), i64(values.shape[1]), i64(rows.shape[1]),
-            i32(stages_total), i32(a_vectorized(call)), Aligned16(C, cols % 2 == 0),
-            *([Pointer(BIAS)] if c.epilogue else []))
-    return LaunchPlan((Launch(c.name, grid, c.threads, c.smem_bytes, args),))
+    if not config.a_copied:
+        return tc_launch.plan(config, weight, shape, call, device)
+    depth, _ = shape
+    ldt = -(-call.rows // ELEMS_16B) * ELEMS_16B  # the copy's rows, 16-byte aligned
+    pairs = call.a_aligned and call.lda % 2 == 0  # 4-byte reads of A
+    transpose = Launch(
+        transpose_entry(config), (-(-ldt // TRANSPOSE_TILE), -(-depth // TRANSPOSE_TILE), 1),
+        TRANSPOSE_THREADS, 0,
+        (Pointer(A), Pointer(A_COPY), Scalar("i32", call.rows), Scalar("i32", depth),
+         Scalar("i64", call.lda), Scalar("i64", ldt), Scalar("i32", int(pairs))))
+    # The kernel reads the copy: K-major, ldt apart, workspaces 256-byte aligned.
+    main = tc_launch.plan(config, weight, shape, Call(call.rows, ldt, True), device, A_COPY)
+    return LaunchPlan((transpose, *main.launches),
+                      (Workspace(A_COPY, depth * ldt, np.dtype(np.uint16)),))

@@ -1,6 +1,6 @@
 """The wgmma family's model: a stage's warpgroup MMAs against its shared-memory traffic
 (the operands the MMAs read, the copies in), per SM and wave, beside the bytes from DRAM
-and L2 that the tiling implies.
+and L2 that the tiling implies (``tensor_core.model``).
 
 - Tensor cores: ``wgmma`` m64nNk16 at ``TENSOR_TFLOPS`` of the GPU (H100: ~950 dense BF16,
   DESIGN §8); few resident warpgroups an SM leave them idle at every stage's barrier
@@ -8,61 +8,48 @@ and L2 that the tiling implies.
 - Shared memory: 128 bytes a cycle an SM for the copies in and for the operands every
   wgmma reads (its m64 x 16 tile of A and 16 x N tile of B'): narrow tiles read A and B'
   more often for the same MMAs.
-- Memory: A once from DRAM (and its kept rows once a column block from L2), the
-  compressed values once (and once a row block from L2), the index table, C written once.
+- Pipeline: one stage is read by the wgmma in flight, so the ``stages - 2`` stages ahead
+  of the one computed hide the copies' latency.
+- Row-major A: the transpose kernel's bytes at DRAM bandwidth and its launch, before.
+
+A producer warpgroup (``producer="warp"``) is modelled as the shared-copy kernel is, by its
+MMA warpgroups, but with its own resources: the producer's threads, registers
+(``WgmmaConfig.blocks_by_registers``) and mbarriers count against the blocks an SM. Until
+GPU measurements say how much its decoupled copies gain (a stage ahead more: STAGES - 1
+in flight instead of STAGES - 2, no block barrier), its estimate is never below its shared
+twin's (fewer blocks an SM can model faster through the waves), and ties go by name, the
+shared one first: the model's choices stay the measured kernels.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 
-import numpy as np
-
-from ...gpus import REGISTERS_PER_SM, Arch, GpuSpec
+from ...gpus import Arch, GpuSpec
 from ...shapes import Shape
-from .config import WgmmaConfig
-from .prepare import stage_count
+from ..tensor_core import model as tc
+from ..tensor_core.model import Estimate, RankTable
+from .config import Producer, WgmmaConfig
 
 # wgmma dense peak (TFLOP/s, BF16/FP16 with FP32 accumulation) by GPU; other sm_90 GPUs
 # are taken as TENSOR_OVER_FP32 times their FP32 peak.
 TENSOR_TFLOPS = {"h100": 950.0, "h200": 950.0}
 TENSOR_OVER_FP32 = 14.2
-CLOCK_GHZ = 1.755
-SMEM_BYTES_PER_CYCLE = 128
 STAGE_OVERHEAD_CYCLES = 80  # a stage's wait, fence, barrier and issue
-PIPELINE_FILL_CYCLES = 1500  # the first stages' copies, exposed once a block
-# A stage's copies take about this long to land; the stages in flight ahead of the one
-# computed (stages - 2 of them, each a stage's time on its SM) hide it, or the rest waits.
-COPY_LATENCY_CYCLES = 1000
-BANDWIDTH_SHARE = 0.85
-LAUNCH_US = 3.0
 FULL_WARPGROUPS = 2  # resident warpgroups an SM that keep the tensor cores busy
 OCCUPANCY_FLOOR = 0.6
-MAX_BLOCKS_PER_SM = 32
-SMEM_RESERVED_PER_BLOCK = 1024
 
 
 def tensor_tflops(gpu: GpuSpec) -> float:
     return TENSOR_TFLOPS.get(gpu.name, TENSOR_OVER_FP32 * gpu.peak_fp32_tflops)
 
 
-def blocks_per_sm(config: WgmmaConfig, gpu: GpuSpec) -> int:
-    by_regs = REGISTERS_PER_SM // (config.threads * config.registers_estimate)
-    by_threads = gpu.max_threads_per_sm // config.threads
-    by_smem = gpu.smem_per_sm // (config.smem_bytes + SMEM_RESERVED_PER_BLOCK)
-    return max(0, min(by_regs, by_threads, by_smem, MAX_BLOCKS_PER_SM))
-
-
 def feasible(config: WgmmaConfig, gpu: GpuSpec) -> str | None:
     if gpu.arch is not Arch.SM90:
         return f"wgmma (sm_90a) cannot run on {gpu.name} ({gpu.arch.value})"
-    if config.smem_bytes > gpu.arch.max_smem_per_block:
-        return f"shared memory {config.smem_bytes} B > {gpu.arch.max_smem_per_block} B"
-    if blocks_per_sm(config, gpu) < 1:
-        return "not one block fits an SM (registers, threads or shared memory)"
-    return None
+    return tc.refusal(config, gpu)
 
 
 def stage_smem_bytes(config: WgmmaConfig) -> float:
@@ -75,9 +62,7 @@ def stage_smem_bytes(config: WgmmaConfig) -> float:
 
 def stage_mma_cycles(config: WgmmaConfig, gpu: GpuSpec) -> float:
     """Cycles of one SM's tensor cores for one stage of a block."""
-    flops = 2.0 * config.bm * config.bn * config.bk
-    per_cycle = tensor_tflops(gpu) * 1e12 / (gpu.sms * CLOCK_GHZ * 1e9)
-    return flops / per_cycle
+    return tc.mma_cycles(config, gpu, tensor_tflops(gpu))
 
 
 def occupancy_efficiency(warpgroups: float) -> float:
@@ -85,78 +70,44 @@ def occupancy_efficiency(warpgroups: float) -> float:
 
 
 @functools.lru_cache(maxsize=4096)
-def _per_config(config: WgmmaConfig, gpu: GpuSpec) -> tuple[float, float, int]:
-    """(cycles of a stage of a block, on an SM shared by its resident blocks, fill cycles,
-    resident blocks an SM)."""
-    per_sm = max(1, blocks_per_sm(config, gpu))
+def stage_time(config: WgmmaConfig, gpu: GpuSpec) -> tc.StageTime:
+    per_sm = max(1, tc.blocks_per_sm(config, gpu))
     mma = stage_mma_cycles(config, gpu) / occupancy_efficiency(per_sm * config.warpgroups)
-    smem = stage_smem_bytes(config) / SMEM_BYTES_PER_CYCLE
-    stage = max(mma, smem) + STAGE_OVERHEAD_CYCLES / per_sm
-    ahead = (config.stages - 2) * stage * per_sm
-    waiting = max(0.0, COPY_LATENCY_CYCLES - ahead) / per_sm
-    return stage + waiting, PIPELINE_FILL_CYCLES, per_sm
-
-
-@dataclass(frozen=True)
-class Estimate:
-    time_ms: float
-    compute_ms: float
-    memory_ms: float
-    blocks: int
-    blocks_per_sm: int
-
-    @property
-    def bound(self) -> str:
-        return "compute" if self.compute_ms >= self.memory_ms else "memory"
+    return tc.pipelined(mma, stage_smem_bytes(config), STAGE_OVERHEAD_CYCLES,
+                        config.stages - 2, per_sm)
 
 
 def estimate(config: WgmmaConfig, gpu: GpuSpec, rows: int, cols: int, depth: int
              ) -> Estimate:
-    c = config
-    stage_cycles, fill_cycles, per_sm = _per_config(c, gpu)
-    stages = stage_count(c, depth)
-    row_blocks = -(-rows // c.bm)
-    cols_p = -(-cols // c.vec) * c.vec
-    col_blocks = cols_p // c.bn
-    blocks = row_blocks * col_blocks
-    waves = -(-blocks // (gpu.sms * per_sm))
-    # A wave's blocks share their SM: per_sm of them take per_sm times a block's stages.
-    busy = min(per_sm, -(-blocks // gpu.sms))
-    compute_cycles = waves * (busy * stages * stage_cycles + fill_cycles)
-    compute_ms = compute_cycles / (CLOCK_GHZ * 1e6)
-    w_rows = stages * c.bk
-    values = 2.0 * w_rows * cols_p + 4.0 * w_rows * (cols_p // c.vec)
-    dram = 2.0 * rows * depth + values + 2.0 * rows * cols
-    through_l2 = col_blocks * 2.0 * row_blocks * c.bm * w_rows + row_blocks * values
-    memory_ms = max(dram / (gpu.dram_gbs * 1e9 * BANDWIDTH_SHARE),
-                    through_l2 / (gpu.l2_gbs * 1e9 * BANDWIDTH_SHARE)) * 1e3
-    time_ms = (max(compute_ms, memory_ms) + 0.25 * min(compute_ms, memory_ms)
-               + LAUNCH_US / 1e3)
-    return Estimate(time_ms, compute_ms, memory_ms, blocks, per_sm)
+    """A producer warpgroup's configuration: its own estimate (its resources) or its shared
+    twin's, the slower (see the module's note)."""
+    own = _estimate(config, gpu, rows, cols, depth)
+    if not config.specialized:
+        return own
+    twin = _estimate(config.replace(producer=Producer.SHARED), gpu, rows, cols, depth)
+    return twin if twin.time_ms > own.time_ms else own
+
+
+def _estimate(config: WgmmaConfig, gpu: GpuSpec, rows: int, cols: int, depth: int
+              ) -> Estimate:
+    found = tc.estimate(config, gpu, stage_time(config, gpu), rows, cols, depth)
+    if not config.a_copied:
+        return found
+    copy_ms = transpose_ms(gpu, rows, depth)
+    return replace(found, time_ms=found.time_ms + copy_ms, memory_ms=found.memory_ms + copy_ms)
+
+
+def transpose_ms(gpu: GpuSpec, rows: int, depth: int) -> float:
+    """The transpose kernel of row-major A before the kernel: A read and its K-major copy
+    (rows padded to 8 elements) written once from and to DRAM, and its launch."""
+    moved = 2.0 * depth * (rows + -(-rows // 8) * 8)
+    return moved / (gpu.dram_gbs * 1e9 * tc.BANDWIDTH_SHARE) * 1e3 + tc.LAUNCH_US / 1e3
 
 
 def estimate_ms(config: WgmmaConfig, gpu: GpuSpec, shape: Shape) -> float:
     return estimate(config, gpu, *shape).time_ms
 
 
-@dataclass
-class RankTable:
+def rank_table(configs: Sequence[WgmmaConfig], gpu: GpuSpec) -> RankTable:
     """The feasible ones of ``configs`` ranked for any shape (ties by name)."""
-
-    configs: list[WgmmaConfig]
-    gpu: GpuSpec
-
-    def __post_init__(self) -> None:
-        self.configs = sorted((c for c in self.configs if feasible(c, self.gpu) is None),
-                              key=lambda c: c.name)
-
-    def rank(self, rows: int, cols: int, depth: int) -> list[tuple[float, WgmmaConfig]]:
-        times = np.array([estimate(c, self.gpu, rows, cols, depth).time_ms
-                          for c in self.configs], dtype=np.float64)
-        order = np.argsort(times, kind="stable")
-        return [(float(times[i]), self.configs[i]) for i in order.tolist()]
-
-
-def rank_all(configs: Sequence[WgmmaConfig], gpu: GpuSpec, shape: Shape
-             ) -> list[tuple[float, WgmmaConfig]]:
-    return RankTable(list(configs), gpu).rank(*shape)
+    return RankTable(list(configs), gpu, feasible, estimate)

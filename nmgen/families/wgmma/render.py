@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...gpus import REGISTERS_PER_SM, SMEM_PER_SM
+from ...gpus import SMEM_PER_SM
 from .config import WgmmaConfig
 
 TEMPLATE = "nm_wgmma.cu.j2"
@@ -19,15 +19,30 @@ def min_blocks_per_sm(config: WgmmaConfig) -> int:
     estimate and shared memory allow (at most 2), so that ptxas budgets registers for it."""
     smem_blocks = SMEM_PER_SM[config.arch.number] // (config.smem_bytes
                                                        + SMEM_RESERVED_PER_BLOCK)
-    reg_blocks = REGISTERS_PER_SM // (config.threads * config.registers_estimate)
-    return max(1, min(MAX_MIN_BLOCKS, smem_blocks, reg_blocks))
+    return max(1, min(MAX_MIN_BLOCKS, smem_blocks, config.blocks_by_registers()))
+
+
+# The transpose kernel of row-major A: a block moves a TRANSPOSE_TILE² tile through shared
+# memory with TRANSPOSE_THREADS threads, reading pairs along K and writing pairs along M.
+TRANSPOSE_TILE = 64
+TRANSPOSE_THREADS = 256
 
 
 def template_arguments(config: WgmmaConfig) -> dict[str, Any]:
-    return {"min_blocks": min_blocks_per_sm(config),
+    """``ws``: a producer warpgroup (producer "warp"); ``registers``: its ``setmaxnreg``
+    split (launch, producer, MMA registers a thread), or ``None`` where launch gives every
+    thread enough."""
+    min_blocks = min_blocks_per_sm(config)
+    return {"min_blocks": min_blocks, "a_copied": config.a_copied,
+            "transpose_tile": TRANSPOSE_TILE, "transpose_threads": TRANSPOSE_THREADS,
             "mma_type": "bf16" if config.dtype.value == "bf16" else "f16",
-            "acc_count": config.bn // 2}
+            "acc_count": config.bn // 2, "ws": config.specialized,
+            "registers": config.register_split(min_blocks)}
 
 
 def entry_points(config: WgmmaConfig) -> tuple[str, ...]:
-    return (config.name,)
+    return (config.name, *([transpose_entry(config)] if config.a_copied else []))
+
+
+def transpose_entry(config: WgmmaConfig) -> str:
+    return config.name + "_transpose"

@@ -1,4 +1,4 @@
-"""The wgmma kernel's layout of a weight (host side, NumPy).
+"""The tensor-core kernels' layout of a weight (host side, NumPy), one for both families.
 
 - ``values``: B' padded with zero rows to whole stages (``Wp = stages·bk`` rows) and with
   zero columns to the format's padded width (a multiple of L, hence of ``bn``), in the
@@ -17,7 +17,7 @@ import numpy as np
 
 from ...format import NMMatrix
 from ..base import PreparedWeight
-from .config import WgmmaConfig
+from .config import TensorCoreConfig
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class LayoutKey:
     bk: int
 
 
-def layout_key(config: WgmmaConfig) -> LayoutKey:
+def layout_key(config: TensorCoreConfig) -> LayoutKey:
     return LayoutKey(config.bk)
 
 
@@ -35,12 +35,12 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def stage_count(config: WgmmaConfig, depth: int) -> int:
+def stage_count(config: TensorCoreConfig, depth: int) -> int:
     """Main-loop stages of a K of ``depth``."""
     return ceil_div(ceil_div(depth, config.m), config.windows)
 
 
-def prepare(b: NMMatrix, config: WgmmaConfig) -> PreparedWeight:
+def prepare(b: NMMatrix, config: TensorCoreConfig) -> PreparedWeight:
     if (config.n, config.m, config.vec) != (b.n, b.m, b.vec):
         raise ValueError(f"kernel {config.name} is for {config.n}:{config.m} L={config.vec}; "
                          f"the weight is {b.pattern} L={b.vec}")
