@@ -19,6 +19,7 @@ import pytest
 
 from nmgen.build.pool import precompile
 from nmgen.dispatch import Dispatcher
+from nmgen.epilogue import apply_reference
 from nmgen.families.mma import MMA
 from nmgen.families.mma.config import MmaConfig
 from nmgen.format import DType
@@ -78,9 +79,12 @@ def relative_error(kernel: Kernel, rng: np.random.Generator, rows: int, cols: in
     c = kernel.config
     weight = random_weight(rng, c.n, c.m, c.vec, depth, cols, device_values, c.dtype)
     a = make_a(rng, rows, depth, c.a_layout, pad, c.dtype)
+    bias = device_array(cp.asarray(rng.standard_normal(cols, np.float32)), c.dtype) \
+        if c.epilogue.bias else None  # a random bias where the kernel's epilogue adds one
     out = device_array(cp.full((rows, cols), np.nan, np.float32), c.dtype)  # poisoned
-    kernel(a, weight, out=out)
+    kernel(a, weight, out=out, bias=bias)
     ref = _float64(a) @ cp.asarray(weight.to_dense().astype(np.float64))
+    ref = apply_reference(ref, None if bias is None else _float64(bias), c.epilogue.activation)
     err = float(cp.linalg.norm(_float64(out) - ref)) / max(float(cp.linalg.norm(ref)), 1e-30)
     return err if np.isfinite(err) else float("inf")
 
@@ -156,16 +160,16 @@ def test_model_choice_at_4096_cubed_matches_float64(problem, gpu_cases):
 
 def test_dispatch_without_records_runs_the_tensor_core_model_choice(gpu_cases):
     """With no tuned records, dispatch picks the tensor-core model choice at prefill M
-    (on sm_90 the wgmma family's, row-major A through its K-major copy)."""
+    (on sm_90 at this size the wgmma family's, row-major A through its K-major copy)."""
     info = device_info()
     dispatcher = Dispatcher([], device=info)
     problem = Problem(8, 32, 128, ALayout.ROW_MAJOR, info.arch, "bf16")
-    decision = dispatcher.decide(problem, (512, 1024, 1000))
+    decision = dispatcher.decide(problem, (1000, 4096, 1000))
     expected = "wgmma" if info.arch is Arch.SM90 else "mma"
     assert decision.config.family == expected and decision.source == "model"
     rng = np.random.default_rng(SEED)
-    weight = random_weight(rng, 8, 32, 128, 1000, 1024, dtype=DType.BF16)
-    a = make_a(rng, 512, 1000, ALayout.ROW_MAJOR, "none", DType.BF16)
+    weight = random_weight(rng, 8, 32, 128, 1000, 4096, dtype=DType.BF16)
+    a = make_a(rng, 1000, 1000, ALayout.ROW_MAJOR, "none", DType.BF16)
     out = dispatcher(a, weight)
     import cupy as cp
 
