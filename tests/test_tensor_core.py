@@ -129,11 +129,11 @@ PINNED = {
     ("mma", "weight"):
         "720e89ae3dffefc004471f5f1c3e48459281afc84e39253c2652955b9245c593",
     ("wgmma", "configs"):
-        "ffb5a0fafcb8a94ec0030891e743918b1190fd7b41a278730b7e90df0abfb551",
+        "d26850dfbb9e703b74fcae4f21e7e80282b74d93316da28f515cd85c5561b884",
     ("wgmma", "model"):
         "f9a3b15e3d33b6d56243399020a4dc029b61d6329607254addc97de96f073d11",
     ("wgmma", "sources"):
-        "7eb27041e98f39b57302fae414510c8e507f5362bc578ee0d52c03eee9b3abe1",
+        "03b759f030df7534ce7bef7123e8c8e35a2b25cb4d660163eaa3548331365837",
     ("wgmma", "weight"):
         "098b28a9e4851d0e31b110c07848aa6fa1e7af9b81b8d77438c5c23e32e5ed02",
 }
