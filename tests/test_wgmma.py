@@ -74,7 +74,7 @@ def test_a_producer_warpgroup_is_named_and_stored_only_where_it_is_one():
     (dict(bn=256), "one index set"),  # L = 128
     (dict(windows=1), "whole k16 steps"),
     (dict(windows=32), "bk <= 128"),
-    (dict(warpgroups=4, bm=256), "warpgroups <= 2"),
+    (dict(warpgroups=8, bm=512), "warpgroups <= 4"),
     (dict(bm=96), "tiles_m"),
     (dict(bm=512), "tiles_m"),
     (dict(stages=2), "stages"),
