@@ -19,7 +19,8 @@ from nmgen.problem import ALayout, Problem
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("kind, rtol", [("sgemm", 1e-5), ("tf32", 5e-3), ("bf16", 2e-2)])
+@pytest.mark.parametrize("kind, rtol", [("sgemm", 1e-5), ("tf32", 5e-3), ("bf16", 2e-2),
+                                        ("f16", 2e-3)])
 def test_dense_baselines_are_right(kind, rtol):
     import cupy as cp
 
@@ -31,6 +32,26 @@ def test_dense_baselines_are_right(kind, rtol):
     out = dense_gemm(Dense(kind), cp.asarray(a), cp.asarray(w))()
     ref = a.astype(np.float64) @ w
     err = np.linalg.norm(cp.asnumpy(out) - ref) / np.linalg.norm(ref)
+    assert err < rtol, err
+
+
+@pytest.mark.parametrize("kind, rtol", [("bf16", 2e-2), ("f16", 2e-3)])
+def test_16_bit_baselines_write_their_own_dtype(kind, rtol):
+    """``same_dtype_out``: C in the inputs' dtype (BF16 as uint16 bits), as nmgen's
+    kernels of that dtype write it."""
+    import cupy as cp
+
+    from nmgen.bench.dense import Dense, dense_gemm
+
+    rng = np.random.default_rng()
+    a = rng.standard_normal((77, 256), dtype=np.float32)
+    w = rng.standard_normal((256, 130), dtype=np.float32)
+    out = dense_gemm(Dense(kind), cp.asarray(a), cp.asarray(w), same_dtype_out=True)()
+    assert out.dtype == (cp.uint16 if kind == "bf16" else cp.float16)
+    if kind == "bf16":
+        out = (out.astype(cp.uint32) << 16).view(cp.float32)
+    ref = a.astype(np.float64) @ w
+    err = np.linalg.norm(cp.asnumpy(out).astype(np.float64) - ref) / np.linalg.norm(ref)
     assert err < rtol, err
 
 
