@@ -154,3 +154,53 @@ def test_bf16_bench_of_prefill_sizes_takes_both_layouts():
         for row in rows:
             assert row.layout == layout.value and row.rel_error < 2e-2
             assert row.nmgen_ms > 0 and row.baseline_ms > 0 and row.semi_ms is None
+
+
+@pytest.mark.parametrize("layout", list(ALayout))
+def test_bf16_untuned_bench_run(tmp_path, layout):
+    """`nmgen bench-untuned --dtype bf16` on two small shapes: the model's choice from an
+    empty database and the exact record of a tuned one, each checked against float64 of
+    the rounded inputs (the run stops at a wrong kernel), timed beside cuBLAS's BF16 GEMM."""
+    pytest.importorskip("torch")
+    from nmgen.bench.untuned import read_csv
+    from nmgen.dispatch import Dispatcher, problem_key
+    from nmgen.families.registry import config_from_name, family_of
+    from nmgen.format import DType
+    from nmgen.runtime.device import device_info
+    from nmgen.store.database import connect
+    from nmgen.store.records import record_trial
+    from nmgen.store.tables import TrialStatus
+
+    info = device_info()
+    shapes = [(64, 256, 512), (129, 200, 384)]
+    empty, tuned = (f"sqlite:///{tmp_path / name}" for name in ("empty.db", "tuned.db"))
+    connect(empty)
+    model = Dispatcher([empty], device=info, write_url="")
+    problem = Problem(2, 4, 32, layout, info.arch, DType.BF16)
+    recorded = {}
+    for shape in shapes:  # the last quick candidate: another kernel than the model's
+        config = model.quick_candidates(problem, shape)[-1]
+        recorded[shape] = config.name
+        record_trial(connect(tuned), problem_key(family_of(config), problem, shape, info),
+                     config, "h", TrialStatus.OK, time_ms=1.0)
+    shapes_file = tmp_path / "shapes.txt"
+    shapes_file.write_text("".join(f"{m} {n} {k}\n" for m, n, k in shapes))
+    out = tmp_path / "untuned"
+    result = subprocess.run([sys.executable, "-m", "nmgen.cli", "bench-untuned", "--shapes",
+                             str(shapes_file), "--problems", "2:4/32", "--dtype", "bf16",
+                             "--layout", layout.value, "--tuned-db", tuned, "--untuned-db",
+                             empty, "--out", str(out), "--repeat", "4", "--quiet"],
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_csv(out / "untuned.csv")
+    assert [(r.M, r.N, r.K) for r in rows] == shapes
+    for r in rows:
+        assert (r.pattern, r.vec, r.dtype, r.untuned_source) == ("2:4", 32, "bf16", "model")
+        assert all(0 < ms < 100 for ms in (r.untuned_ms, r.tuned_ms, r.dense_ms)), r
+        assert r.tuned_config == recorded[(r.M, r.N, r.K)] and r.quick_ms is None
+        untuned = config_from_name(r.untuned_config)
+        assert untuned.dtype is DType.BF16 and untuned.a_layout is layout, r
+    record = json.loads((out / "untuned.json").read_text())
+    assert record["dtype"] == "bf16" and record["dense"] == "cuBLAS BF16 GEMM"
+    assert "| 2:4 | 32 | bf16 | 2 |" in (out / "untuned.md").read_text()
+    assert not (out / "untuned.partial.csv").exists()
