@@ -255,7 +255,7 @@ def _bench_untuned(args: argparse.Namespace) -> int:
     if args.plan:
         print(plan_table(planned), end="")
         return 0
-    rows, paths = untuned_to_dir(planned, dtype, args.out, args.repeat,
+    rows, paths = untuned_to_dir(planned, args.out, args.repeat,
                                  "nmgen " + " ".join(sys.argv[1:]), args.quiet)
     print("\n".join(str(p) for p in paths))
     return 0

@@ -20,6 +20,7 @@ from nmgen.bench.dense import (
 from nmgen.bench.untuned import (
     FIELDS,
     UntunedRow,
+    dtype_and_baseline,
     parse_problems,
     plan,
     plan_table,
@@ -68,6 +69,7 @@ def test_plan_takes_the_first_use_choice_and_the_tuned_winner(tmp_path):
     assert [p.untuned.source for p in planned] == ["transfer", "transfer"]
     assert all(p.tuned.config == best for p in planned)
     assert all(p.quick[0] == p.untuned.config and len(p.quick) == 4 for p in planned)
+    assert dtype_and_baseline(planned) == ("fp32", "cuBLAS SGEMM")
     with pytest.raises(ValueError, match="untuned databases hold records of 2"):
         plan(parse_problems("2:4/32"), SHAPES, tuned, tuned, DEVICE.arch)
     with pytest.raises(ValueError, match="lacks 2 problems"):
@@ -118,6 +120,7 @@ def test_bf16_plan_takes_the_model_choice_and_the_tuned_record(tmp_path, layout)
     assert all(p.problem == problem and p.untuned.config.dtype is DType.BF16
                and p.untuned.config.a_layout is layout for p in planned)
     assert plan_table(planned).count("| bf16 |") == 2
+    assert dtype_and_baseline(planned) == ("bf16", "cuBLAS BF16 GEMM")
     with pytest.raises(ValueError, match="lacks 2 problems"):  # its records are bf16 only
         plan(parse_problems("2:4/32"), SHAPES, untuned, tuned, DEVICE.arch, layout)
     row = row_of(planned[0], {"untuned": 1.2, "tuned": 1.0, "dense": 2.0})

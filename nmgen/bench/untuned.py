@@ -271,11 +271,11 @@ def _call(kernel, a, b, out) -> Callable[[int], object]:
     return lambda i: kernel(a, b, out=out)
 
 
-def untuned_to_dir(planned: Sequence[Planned], dtype: DType, out: Path, repeat: int,
-                   command: str, quiet: bool = False) -> tuple[list[UntunedRow], list[Path]]:
-    """The run on this GPU of ``planned`` (problems of ``dtype``); ``untuned.csv`` (rows so
-    far in ``untuned.partial.csv`` while it runs), ``untuned.md`` and ``untuned.json`` in
-    ``out``."""
+def untuned_to_dir(planned: Sequence[Planned], out: Path, repeat: int, command: str,
+                   quiet: bool = False) -> tuple[list[UntunedRow], list[Path]]:
+    """The run on this GPU; ``untuned.csv`` (rows so far in ``untuned.partial.csv`` while
+    it runs), ``untuned.md`` and ``untuned.json`` (each with the dtype and its dense
+    baseline) in ``out``."""
     import json
     import time
 
@@ -294,16 +294,25 @@ def untuned_to_dir(planned: Sequence[Planned], dtype: DType, out: Path, repeat: 
     partial.unlink(missing_ok=True)
     paths = [out / "untuned.csv", out / "untuned.md", out / "untuned.json"]
     write_csv(rows, paths[0])
-    dense = dense_of(dtype).label
-    paths[1].write_text(f"# Untuned against tuned, {CSV_DTYPE[dtype]} (dense: cuBLAS "
-                        f"{dense})\n\n" + summary_table(rows) + "\n" + rows_table(rows))
+    dtype, dense = dtype_and_baseline(planned)
+    paths[1].write_text(f"# Untuned against tuned, {dtype} (dense: {dense})\n\n"
+                        + summary_table(rows) + "\n" + rows_table(rows))
     info = device_info()
     paths[2].write_text(json.dumps({
         "device": info.name, "cuda_runtime": info.cuda_version, "command": command,
-        "dtype": CSV_DTYPE[dtype], "dense": f"cuBLAS {dense}",
+        "dtype": dtype, "dense": dense,
         "seconds": round(time.monotonic() - start, 1),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, indent=1) + "\n")
     return rows, paths
+
+
+def dtype_and_baseline(planned: Sequence[Planned]) -> tuple[str, str]:
+    """The problems' dtype (``plan`` makes them of one) and the dense baseline timed with
+    them, as ``untuned.md`` and ``untuned.json`` name them: ``("bf16", "cuBLAS BF16
+    GEMM")``."""
+    dtypes = list(dict.fromkeys(p.problem.dtype for p in planned))
+    return (", ".join(CSV_DTYPE[d] for d in dtypes),
+            ", ".join(f"cuBLAS {dense_of(d).label}" for d in dtypes))
 
 
 def rows_table(rows: Sequence[UntunedRow]) -> str:
