@@ -68,7 +68,9 @@ class TensorCoreConfig(ConfigRecord):
     def __post_init__(self) -> None:
         coerce_enums(self, {"a_layout": ALayout, "arch": Arch, "dtype": DType})
         coerce_epilogue(self)
-        self.check_rules()
+        for rule, ok in self._rules():
+            if not ok:
+                raise ConfigError(f"{self.name}: violates rule '{rule}'")
 
     # ----------------------------------------------------------------- derived sizes
     @property

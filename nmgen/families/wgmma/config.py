@@ -107,7 +107,6 @@ class WgmmaConfig(TensorCoreConfig):
     epilogue: Epilogue = NO_EPILOGUE  # bias and activation on the output (not tuned)
     producer: Producer = Producer.SHARED  # who copies the stages in
     family: ClassVar[str] = FAMILY
-    later_parameters: ClassVar[dict[str, Any]] = LATER_PARAMETERS
     warp_fields: ClassVar[tuple[str, ...]] = ("warpgroups",)
     arch_suffix: ClassVar[str] = "a"
     name_re: ClassVar[re.Pattern[str]] = name_pattern(FAMILY, r"g(?P<warpgroups>\d+)", "a",
@@ -293,3 +292,12 @@ class WgmmaConfig(TensorCoreConfig):
     def tag_fields(cls, groups: dict[str, str | None]) -> dict[str, Any]:
         return {"producer": Producer.WARP if groups["ws"] else Producer.SHARED}
 
+    def to_dict(self) -> dict[str, Any]:
+        """The parameters as JSON values; those added after kernels were first tuned
+        (``LATER_PARAMETERS``) are left out at their default, so that an older kernel's
+        stored parameters, name and source stay as they were (``nmgen.tune.carry``)."""
+        d = super().to_dict()
+        for key, default in LATER_PARAMETERS.items():
+            if d[key] == default:
+                del d[key]
+        return d
