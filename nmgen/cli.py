@@ -245,12 +245,13 @@ def _bench_untuned(args: argparse.Namespace) -> int:
     from .runtime.device import device_info
     from .store.database import database_url, shipped_db
 
+    dtype = DType.parse(args.dtype)
     device = table_device(args.plan) if args.plan else device_info()
     untuned_urls = [database_url(u) for u in args.untuned_db or [f"sqlite:///{shipped_db()}"]]
     untuned = Dispatcher(untuned_urls, device=device, write_url="")
     tuned = Dispatcher([database_url(args.tuned_db)], device=device, write_url="")
     planned = plan(parse_problems(args.problems), read_shapes(args.shapes), untuned, tuned,
-                   device.arch, ALayout(args.layout), quick=args.quick)
+                   device.arch, ALayout(args.layout), dtype, quick=args.quick)
     if args.plan:
         print(plan_table(planned), end="")
         return 0
@@ -441,12 +442,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(run=_bench)
 
     untuned = sub.add_parser("bench-untuned", help="problems nobody tuned: dispatch's first "
-                             "choice against a full tune and cuBLAS SGEMM, in one process")
+                             "choice against a full tune and cuBLAS's dense GEMM of the "
+                             "same dtype, in one process")
     untuned.add_argument("--shapes", type=Path, required=True, help="file of 'M N K' lines")
     untuned.add_argument("--problems", required=True, help="PATTERN/L, comma-separated "
                          "(e.g. 2:4/32,1:4/32,2:8/32,8:32/16,8:32/64,8:32/128)")
     untuned.add_argument("--layout", choices=[a.value for a in ALayout], default="rm",
                          help="A layout (default: %(default)s)")
+    untuned.add_argument("--dtype", default="f32", help="f32, bf16 or f16: of A, the weight "
+                         "and the output; the dense baseline is cuBLAS SGEMM for f32, its "
+                         "BF16 or FP16 GEMM (FP32 accumulate) at 16 bits "
+                         "(default: %(default)s)")
     untuned.add_argument("--tuned-db", required=True,
                          help="the database holding a full tune of these problems")
     untuned.add_argument("--untuned-db", action="append", help="a database dispatch reads "

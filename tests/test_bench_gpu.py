@@ -19,7 +19,8 @@ from nmgen.problem import ALayout, Problem
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("kind, rtol", [("sgemm", 1e-5), ("tf32", 5e-3), ("bf16", 2e-2)])
+@pytest.mark.parametrize("kind, rtol", [("sgemm", 1e-5), ("tf32", 5e-3), ("bf16", 2e-2),
+                                        ("f16", 2e-3)])
 def test_dense_baselines_are_right(kind, rtol):
     import cupy as cp
 
@@ -31,6 +32,26 @@ def test_dense_baselines_are_right(kind, rtol):
     out = dense_gemm(Dense(kind), cp.asarray(a), cp.asarray(w))()
     ref = a.astype(np.float64) @ w
     err = np.linalg.norm(cp.asnumpy(out) - ref) / np.linalg.norm(ref)
+    assert err < rtol, err
+
+
+@pytest.mark.parametrize("kind, rtol", [("bf16", 2e-2), ("f16", 2e-3)])
+def test_16_bit_baselines_write_their_own_dtype(kind, rtol):
+    """``same_dtype_out``: C in the inputs' dtype (BF16 as uint16 bits), as nmgen's
+    kernels of that dtype write it."""
+    import cupy as cp
+
+    from nmgen.bench.dense import Dense, dense_gemm
+
+    rng = np.random.default_rng()
+    a = rng.standard_normal((77, 256), dtype=np.float32)
+    w = rng.standard_normal((256, 130), dtype=np.float32)
+    out = dense_gemm(Dense(kind), cp.asarray(a), cp.asarray(w), same_dtype_out=True)()
+    assert out.dtype == (cp.uint16 if kind == "bf16" else cp.float16)
+    if kind == "bf16":
+        out = (out.astype(cp.uint32) << 16).view(cp.float32)
+    ref = a.astype(np.float64) @ w
+    err = np.linalg.norm(cp.asnumpy(out).astype(np.float64) - ref) / np.linalg.norm(ref)
     assert err < rtol, err
 
 
@@ -133,3 +154,53 @@ def test_bf16_bench_of_prefill_sizes_takes_both_layouts():
         for row in rows:
             assert row.layout == layout.value and row.rel_error < 2e-2
             assert row.nmgen_ms > 0 and row.baseline_ms > 0 and row.semi_ms is None
+
+
+@pytest.mark.parametrize("layout", list(ALayout))
+def test_bf16_untuned_bench_run(tmp_path, layout):
+    """`nmgen bench-untuned --dtype bf16` on two small shapes: the model's choice from an
+    empty database and the exact record of a tuned one, each checked against float64 of
+    the rounded inputs (the run stops at a wrong kernel), timed beside cuBLAS's BF16 GEMM."""
+    pytest.importorskip("torch")
+    from nmgen.bench.untuned import read_csv
+    from nmgen.dispatch import Dispatcher, problem_key
+    from nmgen.families.registry import config_from_name, family_of
+    from nmgen.format import DType
+    from nmgen.runtime.device import device_info
+    from nmgen.store.database import connect
+    from nmgen.store.records import record_trial
+    from nmgen.store.tables import TrialStatus
+
+    info = device_info()
+    shapes = [(64, 256, 512), (129, 200, 384)]
+    empty, tuned = (f"sqlite:///{tmp_path / name}" for name in ("empty.db", "tuned.db"))
+    connect(empty)
+    model = Dispatcher([empty], device=info, write_url="")
+    problem = Problem(2, 4, 32, layout, info.arch, DType.BF16)
+    recorded = {}
+    for shape in shapes:  # the last quick candidate: another kernel than the model's
+        config = model.quick_candidates(problem, shape)[-1]
+        recorded[shape] = config.name
+        record_trial(connect(tuned), problem_key(family_of(config), problem, shape, info),
+                     config, "h", TrialStatus.OK, time_ms=1.0)
+    shapes_file = tmp_path / "shapes.txt"
+    shapes_file.write_text("".join(f"{m} {n} {k}\n" for m, n, k in shapes))
+    out = tmp_path / "untuned"
+    result = subprocess.run([sys.executable, "-m", "nmgen.cli", "bench-untuned", "--shapes",
+                             str(shapes_file), "--problems", "2:4/32", "--dtype", "bf16",
+                             "--layout", layout.value, "--tuned-db", tuned, "--untuned-db",
+                             empty, "--out", str(out), "--repeat", "4", "--quiet"],
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_csv(out / "untuned.csv")
+    assert [(r.M, r.N, r.K) for r in rows] == shapes
+    for r in rows:
+        assert (r.pattern, r.vec, r.dtype, r.untuned_source) == ("2:4", 32, "bf16", "model")
+        assert all(0 < ms < 100 for ms in (r.untuned_ms, r.tuned_ms, r.dense_ms)), r
+        assert r.tuned_config == recorded[(r.M, r.N, r.K)] and r.quick_ms is None
+        untuned = config_from_name(r.untuned_config)
+        assert untuned.dtype is DType.BF16 and untuned.a_layout is layout, r
+    record = json.loads((out / "untuned.json").read_text())
+    assert record["dtype"] == "bf16" and record["dense"] == "cuBLAS BF16 GEMM"
+    assert "| 2:4 | 32 | bf16 | 2 |" in (out / "untuned.md").read_text()
+    assert not (out / "untuned.partial.csv").exists()

@@ -188,3 +188,53 @@ def test_bench_untuned_plans_without_a_gpu(tmp_path):
     assert held.returncode == 2 and "untuned databases hold records" in held.stderr
     lacking = nmgen_cli(*args, "--tuned-db", str(empty), "--untuned-db", str(empty))
     assert lacking.returncode == 2 and "lacks 4 problems" in lacking.stderr
+
+
+def test_bench_untuned_dtype_is_parsed_as_tune_and_bench_parse_it():
+    from nmgen.cli import build_parser
+    from nmgen.format import DType
+
+    base = ["bench-untuned", "--shapes", "s.txt", "--problems", "2:4/32", "--tuned-db", "t"]
+    parser = build_parser()
+    assert parser.parse_args(base).dtype == "f32"
+    for text, dtype in (("bf16", DType.BF16), ("fp16", DType.F16), ("f32", DType.F32)):
+        for command in (base, ["bench", "--shapes", "s.txt"], ["tune", "--gpu", "h100",
+                                                               "--shapes", "s.txt"]):
+            assert DType.parse(parser.parse_args([*command, "--dtype", text]).dtype) is dtype
+
+
+def test_bench_untuned_plans_bf16_without_a_gpu(tmp_path):
+    """``bench-untuned --dtype bf16 --plan``: the model's bf16 choice from an empty
+    database against the exact bf16 records of a small tuned one, K-major A too."""
+    from nmgen.bench.untuned import table_device
+    from nmgen.dispatch import Dispatcher, problem_key
+    from nmgen.families.registry import family_of
+    from nmgen.format import DType
+    from nmgen.problem import ALayout, Problem
+    from nmgen.store.database import connect
+    from nmgen.store.records import record_trial
+    from nmgen.store.tables import TrialStatus
+
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("1024 4096 4096\n16 4096 4096\n")
+    empty, tuned = (f"sqlite:///{tmp_path / name}" for name in ("empty.db", "tuned.db"))
+    device = table_device("h100")
+    connect(empty)
+    model = Dispatcher([empty], device=device, write_url="")
+    for layout in ALayout:
+        problem = Problem(2, 4, 32, layout, device.arch, DType.BF16)
+        for shape in ((1024, 4096, 4096), (16, 4096, 4096)):
+            config = model.decide(problem, shape).config
+            record_trial(connect(tuned), problem_key(family_of(config), problem, shape, device),
+                         config, "h", TrialStatus.OK, time_ms=1.0)
+        planned = nmgen_cli("bench-untuned", "--plan", "h100", "--shapes", str(shapes),
+                            "--problems", "2:4/32", "--dtype", "bf16", "--layout", layout.value,
+                            "--tuned-db", tuned, "--untuned-db", empty)
+        assert planned.returncode == 0, planned.stderr
+        assert planned.stdout.count("| 2:4 | 32 | bf16 |") == 2
+        assert planned.stdout.count("| model (-) |") == 2
+        assert planned.stdout.count("_bf16_n2m4l32_") == 4
+        assert planned.stdout.count(f"_{layout.value}_sm90 |") == 4
+    fp32 = nmgen_cli("bench-untuned", "--plan", "h100", "--shapes", str(shapes), "--problems",
+                     "2:4/32", "--tuned-db", tuned, "--untuned-db", empty)
+    assert fp32.returncode == 2 and "lacks 2 problems" in fp32.stderr

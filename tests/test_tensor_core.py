@@ -129,13 +129,13 @@ PINNED = {
     ("mma", "weight"):
         "720e89ae3dffefc004471f5f1c3e48459281afc84e39253c2652955b9245c593",
     ("wgmma", "configs"):
-        "ffb5a0fafcb8a94ec0030891e743918b1190fd7b41a278730b7e90df0abfb551",
+        "4689f4a8be12022565f252bed7cb87a915175f9d146f78acb111a06403637ad2",
     ("wgmma", "model"):
-        "f9a3b15e3d33b6d56243399020a4dc029b61d6329607254addc97de96f073d11",
+        "7b9a0c259bdf47b3fce9d912691a5d89cd319a8c1352493efb584747b2df9fdb",
     ("wgmma", "sources"):
-        "7eb27041e98f39b57302fae414510c8e507f5362bc578ee0d52c03eee9b3abe1",
+        "4b7b43528d4a41f21369de06fa7bcf6c7364be121509d995c81ac45d25555f6f",
     ("wgmma", "weight"):
-        "098b28a9e4851d0e31b110c07848aa6fa1e7af9b81b8d77438c5c23e32e5ed02",
+        "2eec65f6716c405851ea2d1775e5aac030c4a607a6060691accd3ecfa4aa8cba",
 }
 
 

@@ -171,6 +171,103 @@ def test_core_kernels_queued_ahead_before_any_ranking(tmp_path, monkeypatch):
     assert tuner.compile_ahead(tasks) == 0 and len(pool.queued) == 4  # nothing twice
 
 
+def test_a_study_starts_from_the_seeds_stored_in_it(tmp_path):
+    """The worker that creates a study stores in it the seeds it ranked, those that
+    ``Tuner.seeds`` gives at that moment; the study's first trials are those, in order."""
+    from nmgen.tune.studies import stored_seeds
+
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    tuner = Tuner(connect(url), url, trials=16, batch=8, dry_run=True, log=lambda s: None)
+    shapes = [(256, 2048, 2048), (4096, 8192, 8192), (512, 2048, 2048)]
+    tasks = [task_of("h100", 8, 32, 32, ALayout.ROW_MAJOR, *s) for s in shapes]
+    for task in tasks[:2]:
+        tuner.tune(task)
+    expected = tuner.seeds(tasks[2], ModelMeasurer(tasks[2]).key)
+    tuner.tune(tasks[2])
+    study = optuna.load_study(study_name=tuner.study_name(tasks[2]), storage=url)
+    names = [c.name for c in expected]
+    assert stored_seeds(study) == names and tuner.stored_seeds(tasks[2]) == expected
+    first = sorted(study.trials, key=lambda t: t.number)[:len(names)]
+    assert [t.user_attrs["config"] for t in first] == names
+
+
+CREATE_STUDY = """
+import sys
+from nmgen.families.f32_simt import F32_SIMT
+from nmgen.gpus import gpu_spec
+from nmgen.problem import ALayout
+from nmgen.store.database import connect
+from nmgen.tune.measurers import ModelMeasurer
+from nmgen.tune.studies import open_storage
+from nmgen.tune.task import TuneTask
+from nmgen.tune.tuner import Tuner
+
+task = TuneTask.of(gpu_spec("h100"), F32_SIMT, 8, 32, 32, ALayout.ROW_MAJOR, (256, 2048, 2048))
+Tuner(connect(sys.argv[1]), open_storage(sys.argv[2]))._study(task, ModelMeasurer(task).key)
+"""
+
+
+def test_another_worker_reads_a_studys_seeds_from_the_storage(tmp_path, monkeypatch):
+    """A study created (and seeded) by another process: this worker compiles its seeds
+    ahead and opens it without ranking them; a study not yet created is ranked here, to
+    compile only (it is created, and seeded, by the worker that tunes it first)."""
+    import subprocess
+    import sys
+
+    from nmgen.tune import tuner as tuner_module
+    from nmgen.tune.studies import stored_seeds
+
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    journal = f"journal:{tmp_path / 'studies.journal'}"
+    subprocess.run([sys.executable, "-c", CREATE_STUDY, url, journal], check=True)
+    created, fresh = (task_of("h100", n, 32, 32, ALayout.ROW_MAJOR, 256, 2048, 2048)
+                      for n in (8, 4))
+    monkeypatch.setattr(tuner_module.GpuMeasurer, "key_of",  # no device here
+                        staticmethod(lambda task: ModelMeasurer(task).key))
+    ranked: list[str] = []
+    real_model_seeds = tuner_module.model_seeds
+    monkeypatch.setattr(tuner_module, "model_seeds", lambda task, count: (
+        ranked.append(task.study_name) or real_model_seeds(task, count)))
+    pool = RecordingPool()
+    tuner = Tuner(connect(url), open_storage(journal), ahead_workers=2, _compile_pool=pool)
+    study = optuna.load_study(study_name=tuner.study_name(created), storage=tuner.storage)
+    names, trials = stored_seeds(study), len(study.trials)
+    assert names and tuner.stored_seeds(fresh) is None
+    tuner.compile_ahead([created, fresh])
+    assert ranked == [fresh.study_name]
+    feasible = [n for n in names if F32_SIMT.feasible(KernelConfig.from_name(n),
+                                                      created.gpu) is None]
+    assert pool.queued[1] == feasible
+    assert tuner._study(created, ModelMeasurer(created).key).study_name == study.study_name
+    assert ranked == [fresh.study_name] and len(study.trials) == trials  # nothing added
+    assert tuner.stored_seeds(fresh) is None  # ahead creates no study
+
+
+def test_a_study_whose_creator_stopped_before_seeding_it_is_seeded_by_the_next(tmp_path,
+                                                                            monkeypatch):
+    """A worker that finds a study created but not seeded waits for its seeds; where none
+    come (its creator stopped first) it seeds the study itself. A study with trials asked
+    and no seeds stored (seeded before they were stored) is left as it is."""
+    from nmgen.tune import studies
+    from nmgen.tune.studies import await_seeds, stored_seeds
+
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    tuner = Tuner(connect(url), url, dry_run=True, log=lambda s: None)
+    task = task_of("h100", 2, 4, 16, ALayout.ROW_MAJOR, 64, 256, 512)
+    bare = optuna.create_study(study_name=tuner.study_name(task), storage=url)
+    assert not await_seeds(bare, timeout_s=0.1)
+    real_await = studies.await_seeds
+    monkeypatch.setattr(studies, "await_seeds", lambda study: real_await(study, 0.1))
+    study = tuner._study(task, ModelMeasurer(task).key)
+    seeds = [c.name for c in tuner.seeds(task, ModelMeasurer(task).key)]
+    assert stored_seeds(study) == seeds and len(study.trials) == len(seeds)
+    assert await_seeds(study, timeout_s=0.0)
+    old = optuna.create_study(study_name="seeded-before", storage=url)
+    old.enqueue_trial({"x": 1.0})
+    old.ask()
+    assert await_seeds(old, timeout_s=0.0) and stored_seeds(old) is None
+
+
 def test_cross_check_tries_the_winners_of_shapes_tuned_later(tmp_path):
     """The first shape tuned had no tuned neighbours; once a neighbour is tuned to a
     winner the first never tried, the cross-check measures that winner there and keeps

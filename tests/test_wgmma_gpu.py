@@ -111,7 +111,9 @@ TILES = ["nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_km_sm90a",
          "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_rm_sm90a",
          "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_ws_km_sm90a",
          "nm_wgmma_bf16_n16m32l128_b256x128x32_g2_s5_ws_km_sm90a",
-         "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_ws_rm_sm90a"]
+         "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_ws_rm_sm90a",
+         "nm_wgmma_bf16_n16m32l128_b256x128x32_g4_s4_km_sm90a",  # four warpgroups
+         "nm_wgmma_f16_n8m32l128_b256x128x32_g4_s4_rm_sm90a"]
 
 
 @pytest.mark.parametrize("name", TILES)
@@ -131,7 +133,8 @@ WARP = ["nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_ws_km_sm90a",  # the probe's 
         "nm_wgmma_bf16_n3m7l128_b64x128x48_g1_s3_ws_km_sm90a",  # 3 stages, odd pattern
         "nm_wgmma_bf16_n4m32l256_b64x256x64_g1_s3_ws_km_sm90a",  # n256
         "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_ws_rm_sm90a",  # row-major A: the copy
-        "nm_wgmma_f16_n16m32l128_b128x128x32_g1_s4_ws_rm_sm90a_bias_silu"]  # and setmaxnreg
+        "nm_wgmma_f16_n16m32l128_b128x128x32_g1_s4_ws_rm_sm90a_bias_silu",  # and setmaxnreg
+        "nm_wgmma_bf16_n8m32l128_b256x128x32_g4_s4_ws_rm_sm90a"]  # four MMA warpgroups
 # (M, N, K, A's row padding): one stage and many passes over the STAGES buffers (the
 # mbarriers' phases), unaligned A (the element-wise path: stores released by an
 # ordinary arrival), rows wider than M

@@ -435,6 +435,41 @@ def test_seeds_left_waiting_in_a_full_study_are_given_back():
     assert not study.get_trials(states=(optuna.trial.TrialState.WAITING,))
 
 
+def test_two_workers_rank_each_studys_seeds_once(tmp_path, monkeypatch):
+    """Two workers opening the same new studies at once (each with its own storage, as two
+    processes have): the one that creates a study ranks its seeds and stores them in it,
+    the other waits for them. Each study's seeds are ranked once and enqueued once, and
+    they are its first trials."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from nmgen.tune import tuner as tuner_module
+    from nmgen.tune.studies import stored_seeds
+
+    ranked: Counter = Counter()
+    real_model_seeds = tuner_module.model_seeds
+    monkeypatch.setattr(tuner_module, "model_seeds", lambda task, count: (
+        ranked.update([task.study_name]) or real_model_seeds(task, count)))
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    journal = f"journal:{tmp_path / 'studies.journal'}"
+    tasks = [task_of(m) for m in (32, 64, 128, 256)]
+    tuners = [Tuner(connect(url), open_storage(journal), trials=16, batch=8, dry_run=True,
+                    seed=i, log=lambda s: None) for i in range(2)]
+    with ThreadPoolExecutor(2) as pool:
+        reports = list(pool.map(lambda i: run_worker(tuners[i], tasks, index=i, count=2,
+                                                     log=lambda s: None), range(2)))
+    assert all(r.complete == len(tasks) for r in reports)
+    assert sum(r.studies for r in reports) > len(tasks)  # studies both workers worked on
+    assert ranked == Counter(t.study_name for t in tasks)
+    storage = open_storage(journal)
+    for task in tasks:
+        study = optuna.load_study(study_name=tuners[0].study_name(task), storage=storage)
+        trials = sorted(study.trials, key=lambda t: t.number)
+        enqueued = [t.user_attrs["config"] for t in trials if "fixed_params" in t.system_attrs]
+        names = stored_seeds(study)
+        assert names and enqueued == names
+        assert [t.user_attrs["config"] for t in trials[:len(names)]] == names
+
+
 def test_walk_order_pairs_start_at_both_ends_of_their_share():
     from nmgen.tune.workers import walk_order
 

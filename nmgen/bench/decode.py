@@ -29,10 +29,9 @@ from ..runtime.check import random_weight, tolerance
 from ..runtime.device import device_info
 from ..runtime.timing import time_ms
 from ..shapes import Shape
-from .report import geomean, markdown_table
+from .report import CSV_DTYPE, geomean, markdown_table
 
 L2_SPAN = 2  # the rotated copies of a weight span this many L2s
-CSV_DTYPE = {DType.F32: "fp32", DType.BF16: "bf16", DType.F16: "fp16"}
 
 
 @dataclass(frozen=True)

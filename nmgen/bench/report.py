@@ -5,6 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
+from ..format import DType
+
+CSV_DTYPE = {DType.F32: "fp32", DType.BF16: "bf16", DType.F16: "fp16"}  # the CSVs' dtype column
+
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]

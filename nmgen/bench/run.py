@@ -29,6 +29,8 @@ from .ceilings import Ceilings, measure_ceilings
 from .dense import Dense, dense_gemm
 from .results import RTOL, BenchRow
 
+BENCH_BASELINES = (Dense.SGEMM, Dense.TF32, Dense.BF16)  # BenchRow's dense columns
+
 
 def _problem(p: Pattern, vec: int, layout: ALayout, dtype: DType = DType.F32) -> Problem:
     return Problem(p.n, p.m, vec, layout, device_info().arch, dtype)
@@ -54,10 +56,12 @@ def _references(problem: Problem) -> list[Config]:
     return [c for f in serving(problem) if (c := f.reference_config(problem)) is not None]
 
 
-def random_weight(n: int, m: int, vec: int, depth: int, cols: int) -> NMMatrix:
-    """A fresh random N:M weight, its values drawn on the device."""
+def random_weight(n: int, m: int, vec: int, depth: int, cols: int,
+                  dtype: DType = DType.F32) -> NMMatrix:
+    """A fresh random N:M weight, its values drawn on the device (then rounded to
+    ``dtype``)."""
     rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
-    return check.random_weight(rng, n, m, vec, depth, cols, device_values=True)
+    return check.random_weight(rng, n, m, vec, depth, cols, device_values=True, dtype=dtype)
 
 
 def dense_float64(b: NMMatrix):
@@ -68,7 +72,7 @@ def dense_float64(b: NMMatrix):
     depth, cols = b.shape
     col = cp.arange(cols)
     rows = cp.asarray(b.kept_rows())[:, col // b.vec]  # dense row of each value, W×N
-    values = cp.asarray(b.values[:, :cols], dtype=cp.float64)
+    values = cp.asarray(b.values[:, :cols].astype(np.float64))  # CuPy takes no bfloat16
     live = rows < depth  # rows of the K padding hold zeros
     dense = cp.zeros((depth, cols), cp.float64)
     dense[rows[live], cp.broadcast_to(col, rows.shape)[live]] = values[live]
@@ -94,7 +98,7 @@ def run_bench(shapes: Sequence[Shape], patterns: Sequence[Pattern], vec: int,
         a = cp.random.standard_normal((rows_m, depth), dtype=cp.float32)
         w = cp.random.standard_normal((depth, cols), dtype=cp.float32)
         dense = {}
-        for kind in Dense:
+        for kind in BENCH_BASELINES:
             gemm = dense_gemm(kind, a, w)
             dense[kind] = time_ms(lambda i, gemm=gemm: gemm(), repeat=repeat)
         del w

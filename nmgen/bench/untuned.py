@@ -1,9 +1,11 @@
 """``nmgen bench-untuned``: what a problem nobody tuned runs at, against its full tune.
 
-For every (pattern, L, shape): the kernel dispatch picks on first use from databases
-holding none of these problems (``untuned``: a transfer or the model), the winner of a
-full tune of the same problem (``tuned``, an exact record of another database) and
-cuBLAS SGEMM (``dense``), checked against float64 and timed in turns in one process.
+For every (pattern, L, shape) at one dtype: the kernel dispatch picks on first use from
+databases holding none of these problems (``untuned``: a transfer or the model), the
+winner of a full tune of the same problem (``tuned``, an exact record of another
+database) and cuBLAS's dense GEMM of the dtype (``dense``: SGEMM for FP32, BF16 or FP16
+tensor cores with FP32 accumulation), checked against float64 and timed in turns in one
+process.
 With ``quick``, the kernels a quick tune (``dispatch(..., tune="quick")``) would time are
 timed beside them, and ``quick_ms`` is the fastest. Planning (which kernels, the checks
 that the databases are what they claim) and the tables run without a GPU.
@@ -17,15 +19,17 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..dispatch import Decision, Dispatcher
 from ..families.base import Config
-from ..format import DType, Pattern
+from ..format import DType, NMMatrix, Pattern
 from ..gpus import Arch, gpu_spec
 from ..problem import ALayout, Problem
 from ..runtime.device import DeviceInfo
 from ..shapes import Shape
-from .report import geomean, markdown_table
+from .dense import dense_of
+from .report import CSV_DTYPE, geomean, markdown_table
 
 UNTUNED_SOURCES = ("transfer", "model")
 TUNED_SOURCES = ("exact", "exact-other-cuda")
@@ -60,6 +64,12 @@ class UntunedRow:
     untuned_origin: str = ""  # the tuned problem a transfer came from, or "model"
     untuned_config: str = ""
     tuned_config: str = ""
+    dtype: str = "fp32"  # of A, the weight and the output: fp32, bf16 or fp16
+
+    @property
+    def dense(self) -> str:
+        """The dense baseline of ``dense_ms``: cuBLAS's GEMM of the row's dtype."""
+        return dense_of(DType.parse(self.dtype)).label
 
     @property
     def ratio(self) -> float:
@@ -119,10 +129,10 @@ def table_device(gpu: str) -> DeviceInfo:
 
 def plan_table(planned: Sequence[Planned]) -> str:
     """The kernels each comparison times."""
-    rows = [[p.problem.pattern, p.problem.vec, "x".join(map(str, p.shape)),
-             f"{p.untuned.source} ({p.untuned.origin or '-'})", p.untuned.config.name,
-             p.tuned.config.name, len(p.quick)] for p in planned]
-    return markdown_table(["pattern", "L", "shape", "untuned from", "untuned kernel",
+    rows = [[p.problem.pattern, p.problem.vec, CSV_DTYPE[p.problem.dtype],
+             "x".join(map(str, p.shape)), f"{p.untuned.source} ({p.untuned.origin or '-'})",
+             p.untuned.config.name, p.tuned.config.name, len(p.quick)] for p in planned]
+    return markdown_table(["pattern", "L", "dtype", "shape", "untuned from", "untuned kernel",
                            "tuned kernel", "quick candidates"], rows)
 
 
@@ -134,7 +144,7 @@ def row_of(planned: Planned, times: dict[str, float]) -> UntunedRow:
     return UntunedRow(p.pattern, p.vec, m, n, k, times["untuned"], times["tuned"],
                       times["dense"], min(quick) if quick else None, planned.untuned.source,
                       planned.untuned.origin, planned.untuned.config.name,
-                      planned.tuned.config.name)
+                      planned.tuned.config.name, CSV_DTYPE[p.dtype])
 
 
 def write_csv(rows: Sequence[UntunedRow], path: Path) -> None:
@@ -158,22 +168,22 @@ def read_csv(path: Path) -> list[UntunedRow]:
 
 
 def summary_table(rows: Sequence[UntunedRow]) -> str:
-    """Per (pattern, L): geometric means of untuned/tuned, quick/tuned and the speedups
-    over SGEMM, and the worst untuned/tuned."""
-    groups: dict[tuple[str, int], list[UntunedRow]] = {}
+    """Per (pattern, L, dtype): geometric means of untuned/tuned, quick/tuned and the
+    speedups over the dense baseline (named in its column), and the worst untuned/tuned."""
+    groups: dict[tuple[str, int, str], list[UntunedRow]] = {}
     for row in rows:
-        groups.setdefault((row.pattern, row.vec), []).append(row)
+        groups.setdefault((row.pattern, row.vec, row.dtype), []).append(row)
     table = []
-    for (pattern, vec), sel in groups.items():
+    for (pattern, vec, dtype), sel in groups.items():
         quick = [r.quick_ms / r.tuned_ms for r in sel if r.quick_ms]
-        table.append([pattern, vec, len(sel), f"{geomean([r.ratio for r in sel]):.3f}",
+        table.append([pattern, vec, dtype, len(sel), f"{geomean([r.ratio for r in sel]):.3f}",
                       f"{max(r.ratio for r in sel):.3f}",
-                      f"{geomean(quick):.3f}" if quick else "-",
+                      f"{geomean(quick):.3f}" if quick else "-", sel[0].dense,
                       f"{geomean([r.dense_ms / r.untuned_ms for r in sel]):.2f}x",
                       f"{geomean([r.dense_ms / r.tuned_ms for r in sel]):.2f}x"])
-    return markdown_table(["pattern", "L", "shapes", "untuned / tuned (geomean)",
-                           "worst", "quick / tuned", "untuned × SGEMM", "tuned × SGEMM"],
-                          table)
+    return markdown_table(["pattern", "L", "dtype", "shapes", "untuned / tuned (geomean)",
+                           "worst", "quick / tuned", "dense (cuBLAS)", "untuned × dense",
+                           "tuned × dense"], table)
 
 
 def run(planned: Sequence[Planned], repeat: int = 20,
@@ -195,34 +205,26 @@ def run(planned: Sequence[Planned], repeat: int = 20,
         rows.append(row_of(item, _timings(item, kernels, repeat)))
         on_row(rows)
         r = rows[-1]
-        log(f"[{len(rows)}/{len(planned)}] {r.pattern} L={r.vec} {r.M}x{r.N}x{r.K}: "
-            f"untuned {r.untuned_ms:.4f} ms ({r.untuned_source}), tuned {r.tuned_ms:.4f} "
-            f"ms, SGEMM {r.dense_ms:.4f} ms")
+        log(f"[{len(rows)}/{len(planned)}] {r.pattern} L={r.vec} {r.dtype} "
+            f"{r.M}x{r.N}x{r.K}: untuned {r.untuned_ms:.4f} ms ({r.untuned_source}), tuned "
+            f"{r.tuned_ms:.4f} ms, {r.dense} {r.dense_ms:.4f} ms")
     return rows
 
 
 def _timings(item: Planned, kernels: dict, repeat: int) -> dict[str, float]:
-    """One comparison's kernels on fresh data, each checked against float64 (output
-    poisoned), then timed in turns with SGEMM on the same A."""
-    from ..build.nvrtc import cupy
+    """One comparison's kernels on fresh data in the problem's dtype, each checked
+    against float64 of the rounded inputs (output poisoned), then timed in turns with
+    cuBLAS's GEMM of that dtype on the same A values."""
     from ..runtime import check
     from ..runtime.timing import time_in_turns
-    from .dense import Dense, dense_gemm
-    from .run import dense_float64, random_weight
 
-    cp = cupy()
     (m, n, k), p = item.shape, item.problem
-    a = cp.random.standard_normal((m, k), dtype=cp.float32)
-    a_op = cp.ascontiguousarray(a.T).T if p.a_layout is ALayout.K_MAJOR else a
-    sgemm = dense_gemm(Dense.SGEMM, a, cp.random.standard_normal((k, n), dtype=cp.float32))
-    b = random_weight(p.n, p.m, p.vec, k, n)
-    out = cp.full((m, n), cp.nan, cp.float32)
-    ref = a.astype(cp.float64) @ dense_float64(b)
-    timed: dict[str, Callable[[int], object]] = {"dense": lambda i: sgemm()}
+    a, b, out, ref, dense = _fresh_data(p, item.shape)
+    timed: dict[str, Callable[[int], object]] = {"dense": lambda i: dense()}
     named = {"untuned": item.untuned.config, "tuned": item.tuned.config,
              **{c.name: c for c in item.quick}}
     for label, config in named.items():
-        call = _call(kernels[config.name], a_op, b, out)
+        call = _call(kernels[config.name], a, b, out)
         err = check.poisoned_error(lambda call=call: call(0), out, ref)
         if not err < check.tolerance(p.dtype):
             raise RuntimeError(f"{config.name} is wrong on {m}x{n}x{k}: relative error "
@@ -232,6 +234,39 @@ def _timings(item: Planned, kernels: dict, repeat: int) -> dict[str, float]:
     return time_in_turns(timed, rounds=3, repeat=max(1, repeat // 2))
 
 
+def _fresh_data(problem: Problem, shape: Shape) -> tuple[Any, NMMatrix, Any, Any,
+                                                         Callable[[], Any]]:
+    """Random A (in the problem's dtype and layout) and weight, the output, the float64
+    product of the rounded inputs, and cuBLAS's GEMM of the dtype on the same A values
+    (row-major, its output in that dtype too) with a dense weight of its own."""
+    from ..build.nvrtc import cupy
+    from ..runtime.check import as_float64
+    from ..runtime.device import empty_like_caller, operand
+    from .dense import dense_gemm
+    from .run import dense_float64, random_weight
+
+    cp = cupy()
+    (m, n, k), p = shape, problem
+    a32 = cp.random.standard_normal((m, k), dtype=cp.float32)
+    w32 = cp.random.standard_normal((k, n), dtype=cp.float32)
+    dense = dense_gemm(dense_of(p.dtype), a32, w32, same_dtype_out=True)
+    a = _a_operand(a32, p.dtype, p.a_layout)
+    b = random_weight(p.n, p.m, p.vec, k, n, p.dtype)
+    out = empty_like_caller(a, operand(a, "a"), (m, n), p.dtype)
+    return a, b, out, as_float64(a) @ dense_float64(b), dense
+
+
+def _a_operand(a: Any, dtype: DType, layout: ALayout) -> Any:
+    """The float32 M×K ``a`` in ``dtype`` (CuPy; a torch tensor for bf16) and ``layout``:
+    K-major is the same values held K×M, passed as its M×K view."""
+    from ..build.nvrtc import cupy
+    from ..runtime.check import device_array
+
+    if layout is ALayout.K_MAJOR:
+        return device_array(cupy().ascontiguousarray(a.T), dtype).T
+    return device_array(a, dtype)
+
+
 def _call(kernel, a, b, out) -> Callable[[int], object]:
     return lambda i: kernel(a, b, out=out)
 
@@ -239,7 +274,8 @@ def _call(kernel, a, b, out) -> Callable[[int], object]:
 def untuned_to_dir(planned: Sequence[Planned], out: Path, repeat: int, command: str,
                    quiet: bool = False) -> tuple[list[UntunedRow], list[Path]]:
     """The run on this GPU; ``untuned.csv`` (rows so far in ``untuned.partial.csv`` while
-    it runs), ``untuned.md`` and ``untuned.json`` in ``out``."""
+    it runs), ``untuned.md`` and ``untuned.json`` (each with the dtype and its dense
+    baseline) in ``out``."""
     import json
     import time
 
@@ -258,20 +294,31 @@ def untuned_to_dir(planned: Sequence[Planned], out: Path, repeat: int, command: 
     partial.unlink(missing_ok=True)
     paths = [out / "untuned.csv", out / "untuned.md", out / "untuned.json"]
     write_csv(rows, paths[0])
-    paths[1].write_text("# Untuned against tuned\n\n" + summary_table(rows) + "\n"
-                        + rows_table(rows))
+    dtype, dense = dtype_and_baseline(planned)
+    paths[1].write_text(f"# Untuned against tuned, {dtype} (dense: {dense})\n\n"
+                        + summary_table(rows) + "\n" + rows_table(rows))
     info = device_info()
     paths[2].write_text(json.dumps({
         "device": info.name, "cuda_runtime": info.cuda_version, "command": command,
+        "dtype": dtype, "dense": dense,
         "seconds": round(time.monotonic() - start, 1),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, indent=1) + "\n")
     return rows, paths
 
 
+def dtype_and_baseline(planned: Sequence[Planned]) -> tuple[str, str]:
+    """The problems' dtype (``plan`` makes them of one) and the dense baseline timed with
+    them, as ``untuned.md`` and ``untuned.json`` name them: ``("bf16", "cuBLAS BF16
+    GEMM")``."""
+    dtypes = list(dict.fromkeys(p.problem.dtype for p in planned))
+    return (", ".join(CSV_DTYPE[d] for d in dtypes),
+            ", ".join(f"cuBLAS {dense_of(d).label}" for d in dtypes))
+
+
 def rows_table(rows: Sequence[UntunedRow]) -> str:
     return markdown_table(
-        ["pattern", "L", "M", "N", "K", "untuned ms", "tuned ms", "SGEMM ms", "quick ms",
-         "untuned / tuned", "untuned from"],
-        [[r.pattern, r.vec, r.M, r.N, r.K, f"{r.untuned_ms:.4f}", f"{r.tuned_ms:.4f}",
-          f"{r.dense_ms:.4f}", f"{r.quick_ms:.4f}" if r.quick_ms else "-", f"{r.ratio:.3f}",
-          f"{r.untuned_source} ({r.untuned_origin})"] for r in rows])
+        ["pattern", "L", "dtype", "M", "N", "K", "untuned ms", "tuned ms", "dense ms",
+         "quick ms", "untuned / tuned", "untuned from"],
+        [[r.pattern, r.vec, r.dtype, r.M, r.N, r.K, f"{r.untuned_ms:.4f}",
+          f"{r.tuned_ms:.4f}", f"{r.dense_ms:.4f}", f"{r.quick_ms:.4f}" if r.quick_ms else "-",
+          f"{r.ratio:.3f}", f"{r.untuned_source} ({r.untuned_origin})"] for r in rows])

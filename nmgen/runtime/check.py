@@ -72,11 +72,11 @@ def poisoned_error(launch: Callable[[], object], out: Any, ref: Any,
     launch()
     if ref_norm is None:
         ref_norm = max(float(cp.linalg.norm(ref)), 1e-30)
-    err = float(cp.linalg.norm(_float64(out) - ref)) / ref_norm
+    err = float(cp.linalg.norm(as_float64(out) - ref)) / ref_norm
     return err if np.isfinite(err) else float("inf")
 
 
-def _float64(x: Any) -> Any:
+def as_float64(x: Any) -> Any:
     """A CuPy float64 copy of a CuPy array or a CUDA torch tensor."""
     if hasattr(x, "double") and hasattr(x, "is_cuda"):  # torch
         return cupy().asarray(x.double())
@@ -134,7 +134,7 @@ class ProblemBench:
         """Relative error against the float64 reference (NaN-poisoned output)."""
         cp = cupy()
         if self._ref is None:
-            self._ref = reference(_float64(self.a_buffers[0]), self.weight)
+            self._ref = reference(as_float64(self.a_buffers[0]), self.weight)
             self._ref_norm = max(float(cp.linalg.norm(self._ref)), 1e-30)
         return poisoned_error(lambda: kernel(self.a_buffers[0], self.weight, out=self.out),
                               self.out, self._ref, self._ref_norm)

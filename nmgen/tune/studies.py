@@ -12,6 +12,10 @@ heartbeats, so there the parent of the ``--devices`` workers does the same for a
 that exits abnormally (:func:`fail_orphans`), and a waiting worker (a re-run of a killed
 ``nmgen tune``, the survivor of hand-started workers) does it for the trials of any
 worker of its host whose process is gone (:func:`fail_dead`), on every storage.
+
+A study's seeds are ranked once for all workers: the worker that creates the study
+(:func:`open_study`) enqueues them and stores their names in it (:func:`seed_study`); the
+others read them there (:func:`stored_seeds`, :func:`await_seeds`).
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ import json
 import os
 import socket
 import threading
+import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 
@@ -46,6 +51,10 @@ JOURNAL_PREFIX = "journal:"
 HEARTBEAT_S = int(os.environ.get("NMGEN_HEARTBEAT_S", "5"))
 GRACE_S = int(os.environ.get("NMGEN_HEARTBEAT_GRACE_S", "30"))
 MAX_RETRY = 3
+SEEDS_ATTR = "seeds"  # a study's user attribute: the names of the configurations it starts from
+SEEDS_WAIT_S = 30.0  # how long a worker waits for the seeds of a study another one created
+SEEDS_POLL_S = 0.05
+_ASKED_STATES = (TrialState.RUNNING, TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 
 
 class StorageError(ValueError):
@@ -240,12 +249,53 @@ def _beat_unbeaten(study: optuna.Study) -> None:
             rdb.record_heartbeat(trial_id)
 
 
+def open_study(name: str, storage: BaseStorage | str, sampler: optuna.samplers.BaseSampler
+               ) -> tuple[optuna.Study, bool]:
+    """Study ``name`` (minimised), created where it does not exist yet, and whether this
+    call created it: of workers opening a new study at once, exactly one creates it."""
+    try:
+        return optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+                                   direction="minimize"), True
+    except optuna.exceptions.DuplicatedStudyError:
+        return optuna.load_study(study_name=name, storage=storage, sampler=sampler), False
+
+
+def seed_study(study: optuna.Study, params: Sequence[dict], names: Sequence[str]) -> None:
+    """Enqueue a new study's seeds (their parameters ``params``), then store their
+    ``names`` in it: a worker that waits for the names (``await_seeds``) then finds every
+    seed enqueued."""
+    for values in params:
+        study.enqueue_trial(values, skip_if_exists=True)
+    study.set_user_attr(SEEDS_ATTR, list(names))
+
+
+def stored_seeds(study: optuna.Study) -> list[str] | None:
+    """The names of the configurations ``study`` was seeded with; ``None`` before its
+    creator stored them."""
+    names = study.user_attrs.get(SEEDS_ATTR)
+    return None if names is None else [str(name) for name in names]
+
+
+def await_seeds(study: optuna.Study, timeout_s: float = SEEDS_WAIT_S) -> bool:
+    """Whether ``study``, created by another worker, is seeded: its seeds stored (waited
+    for up to ``timeout_s`` while its creator ranks them), or trials of it asked already
+    (a study seeded before seeds were stored). ``False``: its creator stopped first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if SEEDS_ATTR in study.user_attrs or study.get_trials(deepcopy=False,
+                                                             states=_ASKED_STATES):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(SEEDS_POLL_S)
+
+
 def give_back_waiting(study: optuna.Study, trials: int) -> int:
     """Fail, unmeasured (user attribute ``surplus``), the enqueued trials still waiting in
-    a study that has its ``trials`` complete; returns how many. A worker that opens a study
-    late enqueues the seeds its database suggests then (other shapes' winners, which change
-    as they are tuned); where the study is already full no worker asks for them, and they
-    would wait for ever. Nobody asks in a full study, so none of them can be taken
+    a study that has its ``trials`` complete; returns how many: seeds beyond its trials (a
+    study of fewer trials than seeds), or those of a worker that seeded it late, its
+    creator having stopped before storing its own (``await_seeds``). Nobody asks for them
+    in a full study, so they would wait for ever, and none of them can be taken
     meanwhile."""
     if len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) < trials:
         return 0

@@ -3,11 +3,12 @@
 The family's space gives the study its parameters; its model removes infeasible
 configurations before anything is compiled (they reach Optuna as constraint violations,
 not failed trials) and seeds every study with its best guesses, beside the family's
-reference kernel and the winners of shapes already tuned. Trials come in batches: the
-batch compiles in a process pool, then each kernel is checked against the float64
-reference once and timed with CUDA events, one at a time. Studies live in an Optuna
-storage (a journal beside a SQLite database by default), so a re-run resumes. The winner
-is read through ``nmgen.policy``.
+reference kernel and the winners of shapes already tuned, ranked once a study: the worker
+that creates it stores them in it for the others. Trials come in batches: the batch
+compiles in a process pool, then each kernel is checked against the float64 reference
+once and timed with CUDA events, one at a time. Studies live in an Optuna storage (a
+journal beside a SQLite database by default), so a re-run resumes. The winner is read
+through ``nmgen.policy``.
 """
 
 from __future__ import annotations
@@ -331,7 +332,8 @@ class Tuner:
 
     def compile_ahead(self, tasks: Sequence[TuneTask]) -> int:
         """Queue the seeds of ``tasks`` (the studies to come) for the spare compile
-        processes, once a study; returns how many kernels were queued."""
+        processes, once a study: those stored in a study that another worker created,
+        else ranked here. Returns how many kernels were queued."""
         if self.dry_run or self.ahead_workers <= 0:
             return 0
         new = [t for t in tasks if t.study_name not in self._ahead_done]
@@ -340,9 +342,25 @@ class Tuner:
         queued = self._pool().ahead([c for t in new for c in _feasible(t, _reference_seed(t))])
         for task in new:
             self._ahead_done.add(task.study_name)
-            key = GpuMeasurer.key_of(task)
-            queued += self._pool().ahead(_feasible(task, self.seeds(task, key)))
+            seeds = self.stored_seeds(task)  # another worker's study: ranked there
+            if seeds is None:  # no study yet: ranked here, to compile only
+                seeds = self.seeds(task, GpuMeasurer.key_of(task))
+            queued += self._pool().ahead(_feasible(task, seeds))
         return queued
+
+    def stored_seeds(self, task: TuneTask) -> list[Config] | None:
+        """The seeds that the worker that created ``task``'s study gave it (read from the
+        storage); ``None`` before it has stored them."""
+        from .studies import stored_seeds
+
+        try:
+            study = optuna.load_study(study_name=self.study_name(task), storage=self.storage)
+        except KeyError:
+            return None
+        names = stored_seeds(study)
+        if names is None:
+            return None
+        return [c for c in map(task.family.config_from_name, names) if c is not None]
 
     def confirm(self, task: TuneTask, measurer) -> dict[str, float]:
         """Time the problem's ``finalists`` fastest correct configurations and the reference
@@ -455,14 +473,19 @@ class Tuner:
                 "the batch")
 
     def _study(self, task: TuneTask, key: ProblemKey) -> optuna.Study:
+        """``task``'s study. The worker that creates it seeds it (``seeds``) and stores
+        the seeds in it, so that they are ranked once a study, whatever the workers; a
+        worker that finds it created waits for them, and seeds it itself only where its
+        creator stopped first."""
+        from .studies import await_seeds, open_study, seed_study
+
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         sampler = optuna.samplers.TPESampler(seed=self.seed,
                                              n_startup_trials=max(1, self.model_seed_count))
-        study = optuna.create_study(study_name=self.study_name(task), storage=self.storage,
-                                    sampler=sampler, direction="minimize",
-                                    load_if_exists=True)
-        for config in self.seeds(task, key):
-            study.enqueue_trial(task.space.values_of(config), skip_if_exists=True)
+        study, created = open_study(self.study_name(task), self.storage, sampler)
+        if created or not await_seeds(study):
+            seeds = self.seeds(task, key)
+            seed_study(study, [task.space.values_of(c) for c in seeds], [c.name for c in seeds])
         return study
 
     def seeds(self, task: TuneTask, key: ProblemKey) -> list[Config]:

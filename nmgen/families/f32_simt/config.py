@@ -71,6 +71,7 @@ class KernelConfig(ConfigRecord):
     # split-K in the reduction's, once the slices are summed.
     epilogue: Epilogue = NO_EPILOGUE
     family: ClassVar[str] = FAMILY
+    later_parameters: ClassVar[dict[str, Any]] = LATER_PARAMETERS
 
     def __post_init__(self) -> None:
         coerce_enums(self, {"a_layout": ALayout, "a_tile": ATile, "arch": Arch})
@@ -78,9 +79,7 @@ class KernelConfig(ConfigRecord):
         object.__setattr__(self, "packing", bool(self.packing))
         object.__setattr__(self, "stream_k", bool(self.stream_k))
         object.__setattr__(self, "tma", bool(self.tma))
-        for rule, ok in self._rules():
-            if not ok:
-                raise ConfigError(f"{self.name}: violates rule '{rule}'")
+        self.check_rules()
 
     # ----------------------------------------------------------------- derived sizes
     @property
@@ -450,18 +449,6 @@ class KernelConfig(ConfigRecord):
             epilogue=epilogue,
         )
 
-    # ----------------------------------------------------------------- JSON
-    def to_dict(self) -> dict[str, Any]:
-        """The parameters as JSON values. Parameters added after kernels were first tuned
-        (``LATER_PARAMETERS``) are left out at their default, so that the stored
-        parameters, the generated header and the source of every older kernel stay as
-        they were (its tuned records then carry over: ``nmgen.carry``); so is the epilogue
-        where there is none."""
-        d = super().to_dict()
-        for key, default in LATER_PARAMETERS.items():
-            if d[key] == default:
-                del d[key]
-        return d
 
     def cp_async_twin(self) -> KernelConfig:
         """The same tiles with cp.async copies: what a ``tma`` kernel runs on an A that

@@ -42,13 +42,12 @@ class GemvConfig(ConfigRecord):
     dtype: DType = DType.F32
     epilogue: Epilogue = NO_EPILOGUE  # bias and activation on the output (not tuned)
     family: ClassVar[str] = FAMILY
+    later_parameters: ClassVar[dict[str, Any]] = LATER_PARAMETERS
 
     def __post_init__(self) -> None:
         coerce_enums(self, {"a_layout": ALayout, "arch": Arch, "dtype": DType})
         coerce_epilogue(self)
-        for rule, ok in self._rules():
-            if not ok:
-                raise ConfigError(f"{self.name}: violates rule '{rule}'")
+        self.check_rules()
 
     @property
     def threads(self) -> int:
@@ -130,15 +129,6 @@ class GemvConfig(ConfigRecord):
                    a_layout=ALayout(g["layout"]), arch=Arch(f"sm_{g['arch']}"),
                    dtype=DType(g["dtype"]), epilogue=epilogue)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The parameters as JSON values; those added after kernels were first tuned
-        (``LATER_PARAMETERS``) are left out at their default, so that an older kernel's
-        stored parameters, name and source stay as they were (``nmgen.tune.carry``)."""
-        d = super().to_dict()
-        for key, default in LATER_PARAMETERS.items():
-            if d[key] == default:
-                del d[key]
-        return d
 
 
 _NAME_RE = re.compile(

@@ -68,9 +68,7 @@ class TensorCoreConfig(ConfigRecord):
     def __post_init__(self) -> None:
         coerce_enums(self, {"a_layout": ALayout, "arch": Arch, "dtype": DType})
         coerce_epilogue(self)
-        for rule, ok in self._rules():
-            if not ok:
-                raise ConfigError(f"{self.name}: violates rule '{rule}'")
+        self.check_rules()
 
     # ----------------------------------------------------------------- derived sizes
     @property

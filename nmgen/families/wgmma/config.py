@@ -44,7 +44,7 @@ WARPGROUP = 128  # threads
 ATOM_COLS = 64  # 16-bit columns of one 128-byte swizzle atom row
 ATOM_ROW_BYTES = 128
 BLOCK_NS = (64, 128, 256)
-MAX_WARPGROUPS = 2
+MAX_WARPGROUPS = 4
 MAX_TILES_M = 2  # m64 tiles a warpgroup
 MIN_STAGES, MAX_STAGES = 3, 6  # one stage is read by the wgmma in flight
 ALIGN_SLACK = 1024  # the stages start at a 1024-byte boundary (the swizzle's period)
@@ -107,6 +107,7 @@ class WgmmaConfig(TensorCoreConfig):
     epilogue: Epilogue = NO_EPILOGUE  # bias and activation on the output (not tuned)
     producer: Producer = Producer.SHARED  # who copies the stages in
     family: ClassVar[str] = FAMILY
+    later_parameters: ClassVar[dict[str, Any]] = LATER_PARAMETERS
     warp_fields: ClassVar[tuple[str, ...]] = ("warpgroups",)
     arch_suffix: ClassVar[str] = "a"
     name_re: ClassVar[re.Pattern[str]] = name_pattern(FAMILY, r"g(?P<warpgroups>\d+)", "a",
@@ -292,12 +293,3 @@ class WgmmaConfig(TensorCoreConfig):
     def tag_fields(cls, groups: dict[str, str | None]) -> dict[str, Any]:
         return {"producer": Producer.WARP if groups["ws"] else Producer.SHARED}
 
-    def to_dict(self) -> dict[str, Any]:
-        """The parameters as JSON values; those added after kernels were first tuned
-        (``LATER_PARAMETERS``) are left out at their default, so that an older kernel's
-        stored parameters, name and source stay as they were (``nmgen.tune.carry``)."""
-        d = super().to_dict()
-        for key, default in LATER_PARAMETERS.items():
-            if d[key] == default:
-                del d[key]
-        return d

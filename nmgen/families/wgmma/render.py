@@ -22,10 +22,12 @@ def min_blocks_per_sm(config: WgmmaConfig) -> int:
     return max(1, min(MAX_MIN_BLOCKS, smem_blocks, config.blocks_by_registers()))
 
 
-# The transpose kernel of row-major A: a block moves a TRANSPOSE_TILE² tile through shared
-# memory with TRANSPOSE_THREADS threads, reading pairs along K and writing pairs along M.
-TRANSPOSE_TILE = 64
+# The transpose kernel of row-major A: a block of TRANSPOSE_THREADS threads (8 x 8 elements
+# each, warps of 64 rows of M by 32 of K) covers TRANSPOSE_TILE_M rows of M by
+# TRANSPOSE_TILE_K of K.
 TRANSPOSE_THREADS = 256
+TRANSPOSE_TILE_M = 128
+TRANSPOSE_TILE_K = TRANSPOSE_THREADS // 32 // (TRANSPOSE_TILE_M // 64) * 32
 
 
 def template_arguments(config: WgmmaConfig) -> dict[str, Any]:
@@ -34,7 +36,8 @@ def template_arguments(config: WgmmaConfig) -> dict[str, Any]:
     thread enough."""
     min_blocks = min_blocks_per_sm(config)
     return {"min_blocks": min_blocks, "a_copied": config.a_copied,
-            "transpose_tile": TRANSPOSE_TILE, "transpose_threads": TRANSPOSE_THREADS,
+            "transpose_tile_m": TRANSPOSE_TILE_M, "transpose_tile_k": TRANSPOSE_TILE_K,
+            "transpose_threads": TRANSPOSE_THREADS,
             "mma_type": "bf16" if config.dtype.value == "bf16" else "f16",
             "acc_count": config.bn // 2, "ws": config.specialized,
             "registers": config.register_split(min_blocks)}

@@ -12,7 +12,7 @@ SPACE_PARAMS = (
     Param("bm", (64, 128, 256)),  # block tile rows: 64 * tiles_m * warpgroups
     Param("bn", BLOCK_NS),  # block tile columns (a divisor of L)
     Param("windows", (1, 2, 4, 8, 16, 32)),  # windows a stage: bk = windows * n
-    Param("warpgroups", (1, 2)),
+    Param("warpgroups", (1, 2, 4)),  # 4: 256-row tiles of one m64 tile a warpgroup
     Param("stages", (3, 4, 5)),
     Param("producer", ("shared", "warp")),  # who copies the stages in (config.Producer)
 )
