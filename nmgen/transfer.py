@@ -11,13 +11,12 @@ few; a tuning study starts from them.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .calibration import Calibration
-from .families.base import Config, Family, Ranker
+from .families.base import Config, Family, model_ranker
 from .gpus import GpuSpec
 from .policy import RelatedRecord
 from .problem import Problem
@@ -89,16 +88,9 @@ def model_guesses(family: Family, problem: Problem, shape: Shape, gpu: GpuSpec,
     where ``count`` is 0)."""
     if count <= 0:
         return []
-    ranked = [c for _, c in _ranker(family, problem, gpu).rank(*shape)[:count]]
+    ranked = [c for _, c in model_ranker(family, problem, gpu).rank(*shape)[:count]]
     default = family.default_config(problem, gpu, shape)
     return list(dict.fromkeys(([default] if default is not None else []) + ranked))
-
-
-@functools.lru_cache(maxsize=32)
-def _ranker(family: Family, problem: Problem, gpu: GpuSpec) -> Ranker:
-    """The family's seed candidates ranked by its model (built once a problem: ranking
-    it then takes milliseconds a shape)."""
-    return family.ranker(family.seed_candidates(problem, family.space), gpu)
 
 
 def ranked(family: Family, problem: Problem, shape: Shape, gpu: GpuSpec,

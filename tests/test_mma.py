@@ -40,8 +40,9 @@ def test_name_states_every_parameter_and_round_trips():
 
 @pytest.mark.parametrize("change, rule", [
     (dict(dtype="f32"), "bf16 or f16"),
-    (dict(bn=256), "one index set"),
-    (dict(bn=12, warps_n=1), "one index set"),
+    (dict(vec=48, bn=64), "whole column groups"),
+    (dict(bn=12, warps_n=1), "whole column groups"),
+    (dict(vec=32, bn=128, warps_n=2), "inside one group"),
     (dict(windows=1), "whole k16 steps"),
     (dict(windows=32), "bk <= 128"),
     (dict(bm=80), r"bm % \(16 \* warps_m\)"),
@@ -52,6 +53,7 @@ def test_name_states_every_parameter_and_round_trips():
     (dict(n=4, m=9, windows=4), "16-byte chunks"),
     (dict(bm=256, windows=16, stages=5, n=8, m=64, warps_m=4, warps_n=2), "shared memory"),
     (dict(arch="sm_75"), "arch="),
+    (dict(a_layout="km", a_copy=True), "a_copy only with row-major A"),
 ])
 def test_rules_name_what_they_need(change, rule):
     values = {**CONFIG.to_dict(), **change}
@@ -91,7 +93,9 @@ def test_space_enumerates_and_samples_valid_configurations(problem):
                       "bf16" if problem.dtype.value == "f32" else problem.dtype)
     configs = MMA.seed_candidates(problem, MMA.space)
     assert configs and len({c.name for c in configs}) == len(configs)
-    assert all(problem.vec % c.bn == 0 and c.bk % 16 == 0 for c in configs)
+    assert all((problem.vec % c.bn == 0 or c.bn % problem.vec == 0) and c.bk % 16 == 0
+               for c in configs)
+    assert any(c.groups > 1 for c in configs) == (problem.vec < 256)
     assert all(c.smem_bytes <= c.arch.max_smem_per_block for c in configs)
     rng = random.Random(0)
     for _ in range(20):
@@ -166,7 +170,10 @@ def test_model_ranks_big_tiles_first_at_large_shapes_and_sparsity_pays():
             ranked = MMA.ranker(MMA.seed_candidates(problem, MMA.space), H100).rank(*shape)
             best[n, layout] = ranked[0]
             _, config = ranked[0]
-            assert config.bm * config.bn >= 128 * 128, config.name
+            # row-major A: the gather a stage is bm x bk, so bn (all of L) sets its cost an
+            # output and bm 64 ties 128
+            least = 128 * 128 if layout is ALayout.K_MAJOR else 64 * 128
+            assert config.bm * config.bn >= least, config.name
     for layout in ALayout:  # sparser runs faster
         assert best[4, layout][0] < best[8, layout][0] < best[16, layout][0]
     for n in (16, 8, 4):  # row-major A's gather costs time
@@ -204,6 +211,9 @@ NVCC_CONFIGS = [
     "nm_mma_f16_n1m4l24_b32x24x16_w2x1_s4_rm_sm80",  # 3 n8 tiles a warp: a pair and one
     "nm_mma_bf16_n4m32l64_b64x64x16_w2x2_s4_rm_sm90",
     "nm_mma_f16_n3m7l16_b16x16x48_w1x1_s3_rm_sm90",
+    "nm_mma_bf16_n2m4l32_b128x128x32_w2x4_s3_rm_sm90",  # four column groups a block
+    "nm_mma_bf16_n8m32l16_b128x64x32_w2x4_s3_km_sm90",
+    "nm_mma_bf16_n2m4l32_b128x128x32_w2x4_s3_tx_rm_sm90",  # row-major A copied K-major
 ]
 
 

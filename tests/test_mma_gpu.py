@@ -139,6 +139,32 @@ def test_random_configurations_and_shapes_match_float64(gpu_cases):
     assert not wrong, f"seed {SEED}: {len(wrong)} wrong:\n" + "\n".join(wrong[:20])
 
 
+GROUPED = ["nm_mma_bf16_n2m4l32_b128x128x32_w2x4_s3_rm_sm90",
+           "nm_mma_f16_n8m32l16_b128x64x32_w2x4_s3_km_sm90",
+           "nm_mma_bf16_n1m4l16_b64x64x16_w1x4_s4_rm_sm80",
+           "nm_mma_bf16_n4m32l32_b64x256x32_w2x8_s2_km_sm80",
+           "nm_mma_bf16_n2m4l32_b128x128x32_w2x4_s3_tx_rm_sm90",  # row-major A copied
+           "nm_mma_f16_n3m7l16_b64x32x48_w2x2_s2_tx_rm_sm80"]
+
+
+@pytest.mark.parametrize("name", GROUPED)
+def test_blocks_of_several_column_groups_match_float64(name, gpu_cases):
+    """Blocks across several column groups, N past the last whole block (padded groups);
+    row-major A copied K-major (``_tx``), M odd."""
+    rng = random.Random(SEED)
+    kernel = Kernel(MmaConfig.from_name(name))
+    block = kernel.config.bn
+    wrong = []
+    for rows, cols, depth in ((1, block - 8, 300), (100, 3 * block + 40, 517),
+                              (257, 2 * block, 1000), (64, block + kernel.config.vec, 64)):
+        err = relative_error(kernel, np.random.default_rng(rng.randrange(1 << 31)), rows, cols,
+                             depth, "none")
+        gpu_cases["kernel_cases"] += 1
+        if not err < tolerance(kernel.config.dtype, depth):
+            wrong.append(f"{name} M={rows} N={cols} K={depth}: {err:.3g}")
+    assert not wrong, f"seed {SEED}:\n" + "\n".join(wrong)
+
+
 LARGE = [Problem(8, 32, 128, ALayout.ROW_MAJOR, dtype="bf16"),
          Problem(16, 32, 128, ALayout.K_MAJOR, dtype="bf16"),
          Problem(2, 4, 64, ALayout.ROW_MAJOR, dtype="f16"),

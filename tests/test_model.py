@@ -6,6 +6,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import nmgen
@@ -168,3 +169,16 @@ def test_register_estimate_tracks_ptxas(seed):
     budget = register_budget(config)
     assert res.registers <= budget and res.spill_stores == 0
     assert config.registers_estimate <= max(2 * res.registers, 80)
+
+
+def test_a_ranking_builds_its_pairs_when_read_and_reads_as_a_list():
+    from nmgen.families.base import Ranked
+
+    ranked = Ranked(np.array([3.0, 1.0, 2.0]), np.array([1, 2, 0]), ["a", "b", "c"])
+    assert len(ranked) == 3 and ranked
+    assert ranked[0] == (1.0, "b") and ranked[-1] == (3.0, "a")
+    assert ranked[:2] == [(1.0, "b"), (2.0, "c")] and ranked[5:] == []
+    assert list(ranked) == [(1.0, "b"), (2.0, "c"), (3.0, "a")] == ranked
+    assert not Ranked(np.empty(0), np.empty(0, dtype=np.int64), [])
+    with pytest.raises(IndexError):
+        ranked[3]

@@ -121,21 +121,21 @@ def digest(family: Family, aspect: str) -> str:
 
 PINNED = {
     ("mma", "configs"):
-        "936bda0bbc1ef53fce67e3cf0fd70b1676fd0b7cdfe5b8717c6f22389269225e",
+        "dd53d263f3d4236f805d6b1a0b1f47ac7eb4c9f839891bc9435c07e1854e44f2",
     ("mma", "model"):
-        "2f54eba0257da09d18242d16f610cd5f8179b7ea52484c8dc463bc559c97c384",
+        "2c3aecf4a9cefa7fcdcf2381e9a43ee16800b78769bc5930cc1f2ddfba67fd33",
     ("mma", "sources"):
-        "b0a821509b85eb08196b8ae47556fc9e4cb53271fa3cafe97312fdf348d52723",
+        "abee781adff20f844541d35c67328208f94beaa0a7892c2d9fd9fa0e7b9a2986",
     ("mma", "weight"):
-        "720e89ae3dffefc004471f5f1c3e48459281afc84e39253c2652955b9245c593",
+        "596111e9f03e4bae9b5df55b02ee9691a25fb9ac5752d0a0ad9995c9b7b0ca63",
     ("wgmma", "configs"):
-        "4689f4a8be12022565f252bed7cb87a915175f9d146f78acb111a06403637ad2",
+        "92d91b2d4e38386057a85e5834b4d5380a72e37ccd37eb0d34b270f7a4327909",
     ("wgmma", "model"):
         "7b9a0c259bdf47b3fce9d912691a5d89cd319a8c1352493efb584747b2df9fdb",
     ("wgmma", "sources"):
-        "4b7b43528d4a41f21369de06fa7bcf6c7364be121509d995c81ac45d25555f6f",
+        "3cf041569fc1675511b5649e123cce9ab61a881cff31f183f12127a0dac5ba20",
     ("wgmma", "weight"):
-        "2eec65f6716c405851ea2d1775e5aac030c4a607a6060691accd3ecfa4aa8cba",
+        "166cad218952c03e553995519f52f99db7976bf909f6777b4f220a89700b84e4",
 }
 
 

@@ -183,43 +183,41 @@ def test_selftest_draws_producer_warpgroups_through_the_space():
     assert any(c.specialized and c.epilogue for c in drawn)
 
 
-# The shared-copy kernel's source at d30b048, before the producer warpgroup came: sha256
-# of the rendered code with the version as "VERSION". Update only for a change of the
-# shared-copy kernel itself.
+# The shared-copy kernel's source since its copies were planned once a thread (CopyPlan):
+# sha256 of the rendered code with the version as "VERSION". Update only for a change of
+# the shared-copy kernel itself.
 SHARED_SOURCES = {
     "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_km_sm90a":
-        "0bfbac9e5fbae169edb0a51dd959a70e5eef03b5541424df151481a17d777059",
+        "b3b233f271616185be08e669962d98ad0c0b7f9e871aa95a2ccc26a5c1895f3e",
     "nm_wgmma_bf16_n8m32l128_b256x128x64_g2_s3_km_sm90a":
-        "f96f5234417f3b558f9a3bb18d5e6031525c12a416400bb30845c225950da3fb",
+        "059f2962d6a04b3dfac0554e1224f61074e70c1bb21335e5b3993a282f101375",
     "nm_wgmma_f16_n8m32l128_b128x128x64_g1_s4_km_sm90a":
-        "4ee2bb1aceb52d4677edd3cc86baaee7a012da5cf0167d0cd27595cab85a33da",
+        "63250e9515ce8dd06813dee08e66d2294ee71f7adaf4aa5c7ba71e962c7289f3",
     "nm_wgmma_bf16_n8m32l256_b128x256x64_g2_s3_km_sm90a":
-        "365cfde0b6a00323dc0cd8c7d7232aad31b8a0aef4189edb5cff99de301c39fd",
+        "23d4cdd63baf82261d0835eb15eeab8f4385492411410686b8d2f962fa3daabf",
     "nm_wgmma_f16_n2m4l64_b128x64x16_g2_s3_km_sm90a":
-        "a9b1a5912dbd91f6c6b84f7f3bc389e21ccf7d673297878ace840e900b4f4078",
+        "180e14dd814cf38c41465dc28b3713a23d3e7aa2c976526e1e20569d601c8319",
     "nm_wgmma_bf16_n3m7l128_b64x128x48_g1_s3_km_sm90a":
-        "b3eb959f5eaa852a39154f9855ea72766ab50a3bafeb1d40a508d7bb6dad5225",
+        "20409f59bc8a503df324a2e2d60ac5195e34237567cacca483991c7b34567c58",
     "nm_wgmma_bf16_n16m64l128_b128x128x128_g2_s3_km_sm90a_bias_silu":
-        "58fa198e7c499306c4459368d48162054feaa98d4413f515eb6db064962edc14",
+        "56efcfcbc60bb18c037878c1944c450e946d40a79e8301e448562be18f55ba32",
     "nm_wgmma_bf16_n16m32l128_b128x128x32_g2_s4_km_sm90a":
-        "bc1dce35ff17206321915436a5e98f049927324dd6ca74bc5274790bc135058a",
+        "e670eaee34e092fee0449d34fd0d66591964e8b76e7e0db8d06e97b86286e5e8",
     "nm_wgmma_f16_n4m32l128_b256x128x32_g2_s5_km_sm90a_bias_gelu":
-        "cd17462ecb8d62ff8c26072173812e50bb0dc4299b96709c1baf39ae1430be86",
+        "3934c067fbcf59a7cc18b1d32da1ca93b94e0b3621fd400a3d1e049fd830797e",
     "nm_wgmma_bf16_n4m32l128_b128x128x32_g1_s6_km_sm90a_relu":
-        "a936ae24f0512227b4876a80037ffe067481dbde41987035f7ecb743341bf8ef",
+        "aeea4dae73577ecb90772736ab421af87c59e06ae1d95b9a3b95fbee8c04707b",
 }
 
 
-# Row-major A (which came after d30b048, beside the producer warpgroup): the shared-copy
-# kernel (its transpose kernel left out) as rendered before the producer warpgroup was
-# ported (b7087cf).
+# Row-major A: the shared-copy kernel (its transpose kernel left out), pinned as above.
 SHARED_RM_SOURCES = {
     "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_rm_sm90a":
-        "4dc724210dc4065a32474665b7264d48ee7aa0fb327f6c2cba4e920aef45a6d2",
+        "a538cfcedd698a5fe04acd5031a8711ecd90de2982adc0e36a2deba1d926a0b3",
     "nm_wgmma_f16_n2m4l64_b128x64x16_g2_s3_rm_sm90a_bias_silu":
-        "02c30a354df19b71a651a1c4b768629ab477e242a5b85ae5dc6f1814c4f60bfc",
+        "d966f909bd3a15b7d171b88bd26a017fa219a2c3d260323359b2523c3f1f06bc",
     "nm_wgmma_bf16_n16m64l128_b128x128x128_g2_s3_rm_sm90a":
-        "d6f04f03bc571e536b0844a6d1f92fedfac05cb9c153e19db945ed1085943cf2",
+        "d601e71e408136b6ce4399445426b6963f8d36dcfa65eb067d799a73451ad5a7",
 }
 
 

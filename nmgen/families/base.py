@@ -9,13 +9,14 @@ preparation and its launch plan. Families register in ``nmgen.families.registry`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, overload
 
 import numpy as np
 
@@ -27,9 +28,11 @@ from ..shapes import Shape
 from .plan import Call, Device, LaunchPlan
 from .space import ConfigError, SearchSpace
 
-# Templates every family's template may include (beside its own folder): the epilogue.
+# Templates every family's template may include (beside its own folder): the epilogue, and
+# the transpose of row-major A (the tensor-core families).
 SHARED_TEMPLATES = Path(__file__).resolve().parent / "templates"
 EPILOGUE_TEMPLATE = SHARED_TEMPLATES / "epilogue.cuh.j2"
+TRANSPOSE_TEMPLATE = SHARED_TEMPLATES / "transpose.cuh.j2"
 
 
 class Config(Protocol):
@@ -73,12 +76,43 @@ class PreparedWeight:
         return sum(a.nbytes for a in self.arrays.values())
 
 
+class Ranked(Sequence[tuple[float, Any]]):
+    """(predicted ms, configuration) pairs in ranked order, each pair built when read: a
+    ranking of a whole space (tens of thousands of configurations) is mostly asked for
+    its first few, and building every pair cost more than the ranking."""
+
+    def __init__(self, times: np.ndarray, order: np.ndarray, configs: Sequence[Any]):
+        self._times, self._order, self._configs = times, order, configs
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[float, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[float, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> tuple[float, Any] | list[tuple[float, Any]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        j = int(self._order[index])
+        return float(self._times[j]), self._configs[j]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 class Ranker(Protocol):
     """Feasible configurations ranked by the model for any shape (built once a space)."""
 
     configs: Sequence[Any]
 
-    def rank(self, rows: int, cols: int, depth: int) -> list[tuple[float, Any]]:
+    def rank(self, rows: int, cols: int, depth: int) -> Sequence[tuple[float, Any]]:
         """(predicted ms, configuration), fastest first, ties by name."""
 
 
@@ -172,7 +206,7 @@ class Family(ABC):
 
     def default_config(self, problem: Problem, gpu: GpuSpec, shape: Shape) -> Config | None:
         """The model's choice for an untuned problem."""
-        ranked = self.ranker(self.seed_candidates(problem, self.space), gpu).rank(*shape)
+        ranked = model_ranker(self, problem, gpu).rank(*shape)
         return ranked[0][1] if ranked else None
 
     def adapt(self, config: Config, problem: Problem) -> Config | None:
@@ -254,3 +288,10 @@ class Family(ABC):
     def plan(self, config: Config, weight: PreparedWeight, shape: tuple[int, int],
              call: Call, device: Device) -> LaunchPlan:
         """The launches of one call: ``shape`` is the weight's (K, N)."""
+
+
+@functools.lru_cache(maxsize=32)
+def model_ranker(family: Family, problem: Problem, gpu: GpuSpec) -> Ranker:
+    """``family``'s seed candidates for ``problem`` ranked by its model: built once a
+    problem and GPU (hundreds of milliseconds), then ranked in milliseconds a shape."""
+    return family.ranker(family.seed_candidates(problem, family.space), gpu)

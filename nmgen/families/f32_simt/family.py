@@ -99,9 +99,7 @@ class F32Simt(Family):
     def default_config(self, problem: Problem, gpu: GpuSpec, shape: Shape
                        ) -> KernelConfig | None:
         """The model's best of the enumeration; row-major A on the M-major tile."""
-        tile = ATile.M_MAJOR if problem.a_layout is ALayout.ROW_MAJOR else ATile.K_MAJOR
-        candidates = [c for c in enumeration(problem, self.space) if c.a_tile is tile]
-        ranked = model.RankTable(candidates, gpu).rank(*shape)
+        ranked = _default_table(problem, self.space, gpu).rank(*shape)
         return ranked[0][1] if ranked else None
 
     # ------------------------------------------------------------ code generation
@@ -147,3 +145,11 @@ def enumeration(problem: Problem, space: SearchSpace) -> tuple[KernelConfig, ...
 
 
 F32_SIMT = F32Simt()
+
+
+@functools.lru_cache(maxsize=32)
+def _default_table(problem: Problem, space: SearchSpace, gpu: GpuSpec) -> model.RankTable:
+    """The enumeration's kernels of the A tile ``default_config`` takes (M-major for
+    row-major A), ranked by the model: built once a problem and GPU."""
+    tile = ATile.M_MAJOR if problem.a_layout is ALayout.ROW_MAJOR else ATile.K_MAJOR
+    return model.RankTable([c for c in enumeration(problem, space) if c.a_tile is tile], gpu)

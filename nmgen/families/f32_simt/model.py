@@ -17,6 +17,7 @@ import numpy as np
 
 from ...gpus import REGISTERS_PER_SM, SMEM_PER_SM, GpuSpec
 from ...problem import ALayout
+from ..base import Ranked
 from .config import MAX_REGISTERS, ATile, KernelConfig
 from .copy_plan import copy_chunk_rows, pipelined
 
@@ -367,14 +368,13 @@ class RankTable:
     def predicted_ms(self, m_rows: int, n_cols: int, k: int) -> np.ndarray:
         return _predict(self._columns, self.gpu, m_rows, n_cols, k)["time_ms"]
 
-    def rank(self, m_rows: int, n_cols: int, k: int) -> list[tuple[float, KernelConfig]]:
+    def rank(self, m_rows: int, n_cols: int, k: int) -> Ranked:
         """By predicted time (ties by name: deterministic)."""
         times = self.predicted_ms(m_rows, n_cols, k)
-        order = np.lexsort((self._name_order, times))
-        return [(float(times[i]), self.configs[i]) for i in order.tolist()]
+        return Ranked(times, np.lexsort((self._name_order, times)), self.configs)
 
 
 def rank(configs: Sequence[KernelConfig], gpu: GpuSpec, m_rows: int, n_cols: int, k: int
-         ) -> list[tuple[float, KernelConfig]]:
+         ) -> Ranked:
     """Feasible configurations by predicted time (ties by name: deterministic)."""
     return RankTable(configs, gpu).rank(m_rows, n_cols, k)

@@ -15,6 +15,7 @@ import numpy as np
 
 from ...gpus import GpuSpec
 from ...shapes import Shape
+from ..base import Ranked
 from .config import GemvConfig
 
 LAUNCH_US = 3.0  # a kernel's launch and tail on an H100
@@ -128,9 +129,8 @@ class RankTable:
         self.configs = sorted((c for c in self.configs if feasible(c, self.gpu) is None),
                               key=lambda c: c.name)
 
-    def rank(self, rows: int, cols: int, depth: int) -> list[tuple[float, GemvConfig]]:
+    def rank(self, rows: int, cols: int, depth: int) -> Ranked:
         if not self.configs:
-            return []
+            return Ranked(np.empty(0), np.empty(0, dtype=np.int64), [])
         times = _predict(self.configs, self.gpu, rows, cols, depth)
-        order = np.argsort(times, kind="stable")
-        return [(float(times[i]), self.configs[i]) for i in order.tolist()]
+        return Ranked(times, np.argsort(times, kind="stable"), self.configs)

@@ -1,20 +1,28 @@
-"""The tensor-core family's model: a stage's MMAs against its shared-memory traffic (the
-ldmatrix reads, the copies in and, for row-major A, the gather), per SM and wave, beside
-the bytes from DRAM and L2 that the tiling implies (``tensor_core.model``).
+"""The tensor-core family's model: a block's stage as the work of its warps (the copy loop's
+``cp.async`` chunks, for row-major A the gather of the window tile into the K-major tile,
+the ldmatrix reads and the MMAs), bounded by the SM's throughput shared by its resident
+blocks and by one block's own latency, beside the bytes from DRAM and L2 that the tiling
+implies (``tensor_core.model``).
 
-- Tensor cores: ``mma.sync`` m16n8k16 at ``TENSOR_TFLOPS`` of the GPU (the H100's 650 is
-  measured, DESIGN §8; ``wgmma`` is not used); a block of few warps cannot keep them busy
-  (``occupancy_efficiency``).
-- Shared memory: 128 bytes a cycle an SM; a gathered 16-bit read is one wavefront of 32
-  lanes, with ``GATHER_CONFLICTS`` replays for the random columns of row-major A.
-- Pipeline: the ``stages - 1`` stages in flight ahead of the one computed hide the
-  copies' latency.
+- Throughput: an SM issues one warp instruction a cycle on each of its ``SUBCORES``
+  schedulers, moves 128 bytes of shared memory a cycle, and runs ``mma.sync`` m16n8k16 at
+  ``TENSOR_TFLOPS`` of the GPU (the H100's 650 is measured, DESIGN §8; ``wgmma`` is not
+  used). A warp stays on one scheduler: fewer resident warps than ``SUBCORES`` leave the
+  others idle.
+- Latency: a warp's iteration of the copy or the gather loop is a chain of dependent
+  steps (index arithmetic, the table read, the element reads it addresses, the store)
+  that takes ``LOOP_ITERATION_CYCLES``; a warp's MMAs take their tensor core's cycles;
+  a stage adds its barriers and the first latencies (``STAGE_OVERHEAD_CYCLES``) and waits
+  for copies that the stages ahead did not hide. A block of few warps spends a stage in
+  this path, however idle its SM.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from ...gpus import GpuSpec
 from ...shapes import Shape
@@ -27,12 +35,23 @@ from .config import MmaConfig
 TENSOR_TFLOPS = {"h100": 650.0, "h200": 650.0, "a100": 312.0, "a10": 125.0,
                  "rtx3090": 71.0, "l4": 121.0, "l40s": 362.0, "rtx4090": 165.0}
 TENSOR_OVER_FP32 = 9.7
+SUBCORES = 4  # schedulers (and tensor cores) an SM
 LDMATRIX_X4_BYTES = 512
 GATHER_CONFLICTS = 1.5  # replays of a warp's gathered reads of random columns
-STAGE_OVERHEAD_CYCLES = 120  # a stage's barriers and loop
-FULL_WARPS = 8  # resident warps an SM that keep the tensor cores busy
-OCCUPANCY_FLOOR = 0.5
-MAX_WARPS_PER_SM = 64
+GATHER_INSTRUCTIONS = 16  # a gathered pair: indices, table read, two reads, pack, store
+COPY_INSTRUCTIONS = 12  # a 16-byte cp.async: indices, bounds, address
+LOOP_ITERATION_CYCLES = 100  # a warp's iteration of the copy or gather loop (H100 fit)
+MMA_LATENCY_CYCLES = 32  # a warp's k16 step of dependent MMAs, at the least
+STAGE_OVERHEAD_CYCLES = 1000  # a stage's waits, two barriers, first latencies (H100 fit)
+
+
+class StageWork(NamedTuple):
+    """One stage of a block, in units of the kernel's loops."""
+
+    pairs: int  # gathered pairs of elements (row-major A), one a thread an iteration
+    chunks: int  # 16-byte cp.async copies
+    mmas: int  # m16n8k16 MMAs
+    ldmatrix: int  # ldmatrix.x4 (an .x2 counted as one) of all warps
 
 
 def tensor_tflops(gpu: GpuSpec) -> float:
@@ -45,35 +64,65 @@ def feasible(config: MmaConfig, gpu: GpuSpec) -> str | None:
     return tc.refusal(config, gpu)
 
 
-def stage_smem_bytes(config: MmaConfig) -> float:
-    """Shared-memory traffic of one stage of a block, in bytes of 128-byte wavefronts."""
+def stage_work(config: MmaConfig) -> StageWork:
     c = config
     steps = c.bk // 16
-    mt, nt = c.wm // 16, c.wn // 8
-    ldmatrix = c.warps_m * c.warps_n * steps * (mt + nt / 2) * LDMATRIX_X4_BYTES
-    copies = 2 * c.bk * c.bn + (2 * c.bm * c.bkd + 4 * c.bk if c.row_major else 2 * c.bk * c.bm)
-    gather = 0.0
-    if c.row_major:  # a u16 read a element (one wavefront a warp), a u32 store a pair
-        gather = c.bm * c.bk * (4 * GATHER_CONFLICTS + 2)
-    return ldmatrix + copies + gather
+    warps = c.warps_m * c.warps_n
+    gathered = c.groups * c.bk * c.bm  # the groups' gathered A elements
+    a_chunks = (c.bm * c.bkd // 8 + c.groups * c.bk // 4 if c.gathers_windows
+                else gathered // 8)
+    return StageWork(pairs=gathered // 2 if c.gathers_windows else 0,
+                     chunks=c.bk * c.bn // 8 + a_chunks,
+                     mmas=(c.bm // 16) * (c.bn // 8) * steps,
+                     ldmatrix=warps * steps * (c.wm // 16 + math.ceil(c.wn / 16)))
+
+
+def stage_smem_bytes(config: MmaConfig) -> float:
+    """Shared-memory traffic of one stage of a block, in bytes of 128-byte wavefronts: the
+    copies' stores, the gather (a table read, two u16 reads with replays and a u32 store a
+    warp's 32 pairs) and the ldmatrix reads."""
+    w = stage_work(config)
+    gather = w.pairs / 32 * (2 + 2 * GATHER_CONFLICTS) * 128
+    return 16 * w.chunks + gather + w.ldmatrix * LDMATRIX_X4_BYTES
+
+
+def stage_instructions(config: MmaConfig) -> float:
+    """Warp instructions of one stage of a block."""
+    w = stage_work(config)
+    return (w.pairs / 32 * GATHER_INSTRUCTIONS + w.chunks / 32 * COPY_INSTRUCTIONS
+            + w.mmas + w.ldmatrix)
 
 
 def stage_mma_cycles(config: MmaConfig, gpu: GpuSpec) -> float:
-    """Cycles of one SM's tensor cores for one stage of a block."""
+    """Cycles of one SM's tensor cores, all busy, for one stage of a block."""
     return tc.mma_cycles(config, gpu, tensor_tflops(gpu))
 
 
-def occupancy_efficiency(warps: float) -> float:
-    return min(1.0, OCCUPANCY_FLOOR + (1.0 - OCCUPANCY_FLOOR) * warps / FULL_WARPS)
+def stage_latency(config: MmaConfig, gpu: GpuSpec) -> float:
+    """Cycles of one stage of a block alone on its SM: each warp's share of the copy and
+    gather iterations, then its MMAs on its scheduler's tensor core (shared with the
+    block's other warps there); at least the copy latency over the stages ahead."""
+    c, w = config, stage_work(config)
+    sharing = math.ceil(c.threads / 32 / SUBCORES)  # the block's warps a scheduler
+    iteration = max(LOOP_ITERATION_CYCLES, sharing * GATHER_INSTRUCTIONS)
+    loops = (math.ceil(w.pairs / c.threads) + math.ceil(w.chunks / c.threads)) * iteration
+    mma_each = SUBCORES * stage_mma_cycles(c, gpu) / max(1, w.mmas)  # on one tensor core
+    warp_mmas = (c.wm // 16) * (c.wn // 8)
+    mma = c.bk // 16 * max(MMA_LATENCY_CYCLES, sharing * warp_mmas * mma_each)
+    path = loops + mma + STAGE_OVERHEAD_CYCLES
+    return max(path, tc.COPY_LATENCY_CYCLES / (c.stages - 1))
 
 
 @functools.lru_cache(maxsize=4096)
 def stage_time(config: MmaConfig, gpu: GpuSpec) -> tc.StageTime:
     per_sm = max(1, tc.blocks_per_sm(config, gpu))
-    warps = min(MAX_WARPS_PER_SM, per_sm * config.threads // 32)
-    mma = stage_mma_cycles(config, gpu) / occupancy_efficiency(warps)
-    return tc.pipelined(mma, stage_smem_bytes(config), STAGE_OVERHEAD_CYCLES,
-                        config.stages - 1, per_sm)
+    subcores = min(SUBCORES, per_sm * config.threads // 32)  # those with a warp
+    busy = SUBCORES / subcores
+    throughput = max(stage_instructions(config) / subcores,
+                     stage_mma_cycles(config, gpu) * busy,
+                     stage_smem_bytes(config) / tc.SMEM_BYTES_PER_CYCLE)
+    return tc.StageTime(throughput, tc.PIPELINE_FILL_CYCLES, per_sm,
+                        stage_latency(config, gpu))
 
 
 def estimate(config: MmaConfig, gpu: GpuSpec, rows: int, cols: int, depth: int) -> Estimate:

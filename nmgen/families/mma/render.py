@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...gpus import REGISTERS_PER_SM, SMEM_PER_SM
+from ..tensor_core import transpose
 from .config import MmaConfig
 
 TEMPLATE = "nm_mma.cu.j2"
@@ -24,9 +25,10 @@ def min_blocks_per_sm(config: MmaConfig) -> int:
 
 
 def template_arguments(config: MmaConfig) -> dict[str, Any]:
-    return {"row_major": config.row_major, "min_blocks": min_blocks_per_sm(config),
+    return {"row_major": config.gathers_windows, "a_copied": config.a_copied,
+            **transpose.template_arguments(), "min_blocks": min_blocks_per_sm(config),
             "mma_type": "bf16" if config.dtype.value == "bf16" else "f16"}
 
 
 def entry_points(config: MmaConfig) -> tuple[str, ...]:
-    return (config.name,)
+    return (config.name, *([transpose.entry(config)] if config.a_copied else []))

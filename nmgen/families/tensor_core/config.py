@@ -82,10 +82,22 @@ class TensorCoreConfig(ConfigRecord):
         return self.windows * self.m
 
     @property
+    def a_copied(self) -> bool:
+        """Whether row-major A is first copied K-major by the transpose kernel (and the
+        kernel reads the copy)."""
+        return False
+
+    @property
+    def gathers_windows(self) -> bool:
+        """Whether the kernel reads row-major A's dense windows and gathers their kept
+        columns itself."""
+        return self.a_layout is ALayout.ROW_MAJOR and not self.a_copied
+
+    @property
     def a_stage_depth(self) -> int:
         """Elements of each of its ``bm`` rows of A a block reads a stage: the dense
-        window (row-major A) or the gathered rows (K-major A)."""
-        return self.bkd if self.a_layout is ALayout.ROW_MAJOR else self.bk
+        window (row-major A gathered in the kernel) or the gathered rows."""
+        return self.bkd if self.gathers_windows else self.bk
 
     # ----------------------------------------------------------------- rules
     def _rules(self) -> Iterator[tuple[str, bool]]:

@@ -12,10 +12,10 @@ from typing import Any, ClassVar
 from ...cache import cache_file, load_or_build
 from ...format import NMMatrix
 from ...problem import Problem
-from ..base import EPILOGUE_TEMPLATE, Family, PreparedWeight
+from ..base import EPILOGUE_TEMPLATE, TRANSPOSE_TEMPLATE, Family, PreparedWeight
 from ..plan import Call, Device, LaunchPlan
 from ..space import SearchSpace
-from . import SOURCES, launch, prepare
+from . import SOURCES, launch, prepare, transpose
 from .config import TensorCoreConfig
 
 
@@ -50,7 +50,8 @@ class TensorCoreFamily(Family):
         return self.template
 
     def generator_files(self) -> tuple[Path, ...]:
-        return (self.templates / self.template, EPILOGUE_TEMPLATE, self.folder / "render.py")
+        return (self.templates / self.template, EPILOGUE_TEMPLATE, TRANSPOSE_TEMPLATE,
+                self.folder / "render.py")
 
     def source_files(self) -> tuple[Path, ...]:
         return super().source_files() + SOURCES
@@ -63,6 +64,10 @@ class TensorCoreFamily(Family):
 
     def plan(self, config: TensorCoreConfig, weight: PreparedWeight, shape: tuple[int, int],
              call: Call, device: Device) -> LaunchPlan:
+        """The kernel's launch; after the transpose of row-major A where it reads a
+        K-major copy (``a_copied``)."""
+        if config.a_copied:
+            return transpose.plan(config, weight, shape, call, device)
         return launch.plan(config, weight, shape, call, device)
 
 

@@ -5,9 +5,13 @@ DRAM and L2 that the tiling implies (``estimate``), and the ranking (``RankTable
 
 - Memory: A once from DRAM (and once a column block from L2: the dense window for
   row-major A, the kept rows for K-major), the compressed values once (and once a row
-  block from L2), the index table, C written once.
+  block from L2), the index table, C written once; the transpose kernel's copy of
+  row-major A before, where the kernel reads one.
 - A stage's copies take ``COPY_LATENCY_CYCLES`` to land; the stages in flight ahead of
   the one computed (the family says how many) hide it, or the rest waits.
+- An SM's resident blocks share its throughput (``StageTime.cycles`` a block's stage), but
+  none takes a stage in less than its own latency (``StageTime.latency``, where the family
+  states one): an SM with few blocks waits on their dependent steps.
 
 A family supplies the MMA cycles (its instruction's peak and how occupancy limits it),
 the shared-memory traffic and the per-stage overhead of its pipeline.
@@ -22,6 +26,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ...gpus import GpuSpec
+from ..base import Ranked
 from .config import TensorCoreConfig
 from .prepare import stage_count
 
@@ -41,6 +46,7 @@ class StageTime(NamedTuple):
     cycles: float  # a stage of a block, on an SM shared by its resident blocks
     fill_cycles: float  # once a block
     per_sm: int  # resident blocks an SM
+    latency: float = 0.0  # a stage of one block, however few share its SM
 
 
 def blocks_per_sm(config: TensorCoreConfig, gpu: GpuSpec) -> int:
@@ -100,12 +106,14 @@ def estimate(config: TensorCoreConfig, gpu: GpuSpec, stage: StageTime, rows: int
     stages = stage_count(c, depth)
     row_blocks = -(-rows // c.bm)
     cols_p = -(-cols // c.vec) * c.vec
-    col_blocks = cols_p // c.bn
+    col_blocks = -(-cols_p // c.bn)
     blocks = row_blocks * col_blocks
     waves = -(-blocks // (gpu.sms * stage.per_sm))
-    # A wave's blocks share their SM: per_sm of them take per_sm times a block's stages.
+    # A wave's blocks share their SM: per_sm of them take per_sm times a block's stages,
+    # and no fewer cycles than one block's latency.
     busy = min(stage.per_sm, -(-blocks // gpu.sms))
-    compute_cycles = waves * (busy * stages * stage.cycles + stage.fill_cycles)
+    stage_cycles = max(busy * stage.cycles, stage.latency)
+    compute_cycles = waves * (stages * stage_cycles + stage.fill_cycles)
     compute_ms = compute_cycles / (CLOCK_GHZ * 1e6)
     w_rows = stages * c.bk
     values = 2.0 * w_rows * cols_p + 4.0 * w_rows * (cols_p // c.vec)
@@ -116,7 +124,18 @@ def estimate(config: TensorCoreConfig, gpu: GpuSpec, stage: StageTime, rows: int
                     through_l2 / (gpu.l2_gbs * 1e9 * BANDWIDTH_SHARE)) * 1e3
     time_ms = (max(compute_ms, memory_ms) + 0.25 * min(compute_ms, memory_ms)
                + LAUNCH_US / 1e3)
+    if c.a_copied:  # the transpose kernel first
+        copy_ms = transpose_ms(gpu, rows, depth)
+        time_ms, memory_ms = time_ms + copy_ms, memory_ms + copy_ms
     return Estimate(time_ms, compute_ms, memory_ms, blocks, stage.per_sm)
+
+
+def transpose_ms(gpu: GpuSpec, rows: int, depth: int) -> float:
+    """The transpose kernel of row-major A before the kernel (``a_copied``): A read and
+    its K-major copy (rows padded to 8 elements) written once from and to DRAM, and its
+    launch."""
+    moved = 2.0 * depth * (rows + -(-rows // 8) * 8)
+    return moved / (gpu.dram_gbs * 1e9 * BANDWIDTH_SHARE) * 1e3 + LAUNCH_US / 1e3
 
 
 @dataclass
@@ -133,9 +152,8 @@ class RankTable:
         self.configs = sorted((c for c in self.configs if self.feasible(c, self.gpu) is None),
                               key=lambda c: c.name)
 
-    def rank(self, rows: int, cols: int, depth: int) -> list[tuple[float, Any]]:
+    def rank(self, rows: int, cols: int, depth: int) -> Ranked:
         times = np.array([self.estimate(c, self.gpu, rows, cols, depth).time_ms
                           for c in self.configs], dtype=np.float64)
-        order = np.argsort(times, kind="stable")
-        return [(float(times[i]), self.configs[i]) for i in order.tolist()]
+        return Ranked(times, np.argsort(times, kind="stable"), self.configs)
 

@@ -1,11 +1,13 @@
 """The tensor-core kernels' layout of a weight (host side, NumPy), one for both families.
 
 - ``values``: B' padded with zero rows to whole stages (``Wp = stages·bk`` rows) and with
-  zero columns to the format's padded width (a multiple of L, hence of ``bn``), in the
-  weight's dtype: every B' tile a block copies is whole, aligned and in bounds.
-- ``rows``: ``Gp × Wp`` int32, for every column group and compressed row, the dense row
-  ``k`` of A it multiplies; -1 where that row lies past K (the last window's zero padding
-  and the padded stages): the kernel fills zeros there instead of reading A.
+  zero columns to whole column blocks (the format's padded width, a multiple of L, or of
+  ``bn`` where a block spans several groups), in the weight's dtype: every B' tile a block
+  copies is whole, aligned and in bounds.
+- ``rows``: ``Gp × Wp`` int32, for every column group (the padding's included) and
+  compressed row, the dense row ``k`` of A it multiplies; -1 where that row lies past K
+  (the last window's zero padding, the padded stages and groups): the kernel fills zeros
+  there instead of reading A.
 """
 
 from __future__ import annotations
@@ -22,13 +24,20 @@ from .config import TensorCoreConfig
 
 @dataclass(frozen=True)
 class LayoutKey:
-    """What the layout depends on: the compressed rows a stage."""
+    """What the layout depends on: the compressed rows a stage, the columns it pads to."""
 
     bk: int
+    column_block: int
 
 
 def layout_key(config: TensorCoreConfig) -> LayoutKey:
-    return LayoutKey(config.bk)
+    return LayoutKey(config.bk, column_block(config))
+
+
+def column_block(config: TensorCoreConfig) -> int:
+    """The columns the values are padded to a multiple of: L, or a block of several
+    groups."""
+    return max(config.vec, config.bn)
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -49,11 +58,12 @@ def prepare(b: NMMatrix, config: TensorCoreConfig) -> PreparedWeight:
                          f"holds {b.dtype.value}")
     start = time.perf_counter()
     w_rows = stage_count(config, b.shape[0]) * config.bk
-    values = np.zeros((w_rows, b.padded_cols), b._values.dtype)
-    values[:b._values.shape[0]] = b._values
+    cols = ceil_div(b.padded_cols, column_block(config)) * column_block(config)
+    values = np.zeros((w_rows, cols), b._values.dtype)
+    values[:b._values.shape[0], :b.padded_cols] = b._values
     kept = b.kept_rows()  # W×G dense rows
     kept = np.where(kept < b.shape[0], kept, -1)
-    rows = np.full((kept.shape[1], w_rows), -1, np.int32)
-    rows[:, :kept.shape[0]] = kept.T
+    rows = np.full((cols // config.vec, w_rows), -1, np.int32)
+    rows[:kept.shape[1], :kept.shape[0]] = kept.T
     return PreparedWeight(layout_key(config), {"values": values, "rows": rows},
                           time.perf_counter() - start)

@@ -12,9 +12,11 @@ from .config import MAX_STAGE_ROWS, TensorCoreConfig
 
 class TensorCoreMapping:
     """A family sets ``config_type`` and says which value combinations its rules surely
-    refuse (``quick_reject``)."""
+    refuse (``quick_reject``); ``multi_group``: whether a block may span several column
+    groups (``bn`` a multiple of L) or stays inside one (``bn`` a divisor of L)."""
 
     config_type: ClassVar[type[TensorCoreConfig]]
+    multi_group: ClassVar[bool] = False
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -23,7 +25,8 @@ class TensorCoreMapping:
 
     def allowed(self, problem: Problem, param: str, choices: tuple) -> tuple:
         if param == "bn":
-            return tuple(b for b in choices if problem.vec % b == 0) or choices[:1]
+            return tuple(b for b in choices if problem.vec % b == 0
+                         or (self.multi_group and b % problem.vec == 0)) or choices[:1]
         if param == "windows":
             fits = tuple(w for w in choices if self.windows_fit(problem, w))
             return fits or choices[-1:]

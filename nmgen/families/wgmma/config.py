@@ -151,12 +151,6 @@ class WgmmaConfig(TensorCoreConfig):
         return self.a_layout is ALayout.ROW_MAJOR
 
     @property
-    def a_stage_depth(self) -> int:
-        """Elements of each of its ``bm`` rows of A a block reads a stage: the gathered
-        rows, as the kernel reads K-major A (row-major A's copy too)."""
-        return self.bk
-
-    @property
     def tiles_m(self) -> int:
         """m64 tiles a warpgroup holds."""
         return self.bm // (64 * self.warpgroups)

@@ -9,12 +9,10 @@ from typing import Any
 from ...gpus import Arch, GpuSpec
 from ...problem import Problem
 from ...shapes import Shape
-from ..base import PreparedWeight
-from ..plan import Call, Device, LaunchPlan
 from ..tensor_core.config import DTYPES
 from ..tensor_core.family import TensorCoreFamily
 from ..tensor_core.model import RankTable
-from . import launch, model, render
+from . import model, render
 from .config import FAMILY, TARGET, WgmmaConfig
 from .space import SPACE
 
@@ -42,10 +40,6 @@ class Wgmma(TensorCoreFamily):
         if problem.m > MAX_SERVED_M:
             return f"{FAMILY} kernels take m <= {MAX_SERVED_M}"
         return None
-
-    def plan(self, config: WgmmaConfig, weight: PreparedWeight, shape: tuple[int, int],
-             call: Call, device: Device) -> LaunchPlan:
-        return launch.plan(config, weight, shape, call, device)
 
     def compile_target(self, config: WgmmaConfig) -> str:
         return TARGET

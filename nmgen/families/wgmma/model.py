@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import replace
 
 from ...gpus import Arch, GpuSpec
 from ...shapes import Shape
@@ -90,18 +89,7 @@ def estimate(config: WgmmaConfig, gpu: GpuSpec, rows: int, cols: int, depth: int
 
 def _estimate(config: WgmmaConfig, gpu: GpuSpec, rows: int, cols: int, depth: int
               ) -> Estimate:
-    found = tc.estimate(config, gpu, stage_time(config, gpu), rows, cols, depth)
-    if not config.a_copied:
-        return found
-    copy_ms = transpose_ms(gpu, rows, depth)
-    return replace(found, time_ms=found.time_ms + copy_ms, memory_ms=found.memory_ms + copy_ms)
-
-
-def transpose_ms(gpu: GpuSpec, rows: int, depth: int) -> float:
-    """The transpose kernel of row-major A before the kernel: A read and its K-major copy
-    (rows padded to 8 elements) written once from and to DRAM, and its launch."""
-    moved = 2.0 * depth * (rows + -(-rows // 8) * 8)
-    return moved / (gpu.dram_gbs * 1e9 * tc.BANDWIDTH_SHARE) * 1e3 + tc.LAUNCH_US / 1e3
+    return tc.estimate(config, gpu, stage_time(config, gpu), rows, cols, depth)
 
 
 def estimate_ms(config: WgmmaConfig, gpu: GpuSpec, shape: Shape) -> float:

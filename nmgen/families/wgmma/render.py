@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...gpus import SMEM_PER_SM
+from ..tensor_core import transpose
 from .config import WgmmaConfig
 
 TEMPLATE = "nm_wgmma.cu.j2"
@@ -22,30 +23,17 @@ def min_blocks_per_sm(config: WgmmaConfig) -> int:
     return max(1, min(MAX_MIN_BLOCKS, smem_blocks, config.blocks_by_registers()))
 
 
-# The transpose kernel of row-major A: a block of TRANSPOSE_THREADS threads (8 x 8 elements
-# each, warps of 64 rows of M by 32 of K) covers TRANSPOSE_TILE_M rows of M by
-# TRANSPOSE_TILE_K of K.
-TRANSPOSE_THREADS = 256
-TRANSPOSE_TILE_M = 128
-TRANSPOSE_TILE_K = TRANSPOSE_THREADS // 32 // (TRANSPOSE_TILE_M // 64) * 32
-
-
 def template_arguments(config: WgmmaConfig) -> dict[str, Any]:
     """``ws``: a producer warpgroup (producer "warp"); ``registers``: its ``setmaxnreg``
     split (launch, producer, MMA registers a thread), or ``None`` where launch gives every
     thread enough."""
     min_blocks = min_blocks_per_sm(config)
     return {"min_blocks": min_blocks, "a_copied": config.a_copied,
-            "transpose_tile_m": TRANSPOSE_TILE_M, "transpose_tile_k": TRANSPOSE_TILE_K,
-            "transpose_threads": TRANSPOSE_THREADS,
+            **transpose.template_arguments(),
             "mma_type": "bf16" if config.dtype.value == "bf16" else "f16",
             "acc_count": config.bn // 2, "ws": config.specialized,
             "registers": config.register_split(min_blocks)}
 
 
 def entry_points(config: WgmmaConfig) -> tuple[str, ...]:
-    return (config.name, *([transpose_entry(config)] if config.a_copied else []))
-
-
-def transpose_entry(config: WgmmaConfig) -> str:
-    return config.name + "_transpose"
+    return (config.name, *([transpose.entry(config)] if config.a_copied else []))
