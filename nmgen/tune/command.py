@@ -123,7 +123,7 @@ def tune_here(args: argparse.Namespace, tasks: list, db_url: str, storage_url: s
     workers = Tuner.workers if args.compile_workers is None else args.compile_workers
     ahead = default_ahead_workers(workers) if args.ahead_workers is None else args.ahead_workers
     tuner = Tuner(connect(db_url), open_storage(storage_url), trials=args.trials,
-                  dry_run=args.dry_run, seed=args.worker_index, workers=workers,
+                  dry_run=args.dry_run, workers=workers,
                   ahead_workers=0 if args.dry_run else ahead,
                   in_flight=args.in_flight or Tuner.in_flight,
                   log=lambda s: print(prefix + s, file=sys.stderr, flush=True),
