@@ -355,6 +355,40 @@ def test_journal_storage_uses_the_unsynced_file_with_its_flock(tmp_path):
     assert isinstance(backend, JournalFile) and isinstance(backend._lock, JournalFlock)
 
 
+def test_held_journal_writes_a_trials_records_in_one_append(tmp_path, monkeypatch):
+    """A trial's parameters and its result, held, reach the journal in one append each,
+    read back whole by a second storage; a block that raises still appends what it held;
+    creating a trial inside a block is written (and read back) at once."""
+    from nmgen.tune.studies import JournalFile, writes_held
+
+    appends: list[int] = []
+    real_append = JournalFile.append_logs
+    monkeypatch.setattr(JournalFile, "append_logs",
+                        lambda self, logs: appends.append(len(logs)) or real_append(self, logs))
+    url = f"journal:{tmp_path / 'journal'}"
+    study = optuna.create_study(study_name="s", storage=open_storage(url))
+    trial = study.ask()
+    appends.clear()
+    with writes_held(study._storage) as flush:
+        values = [trial.suggest_categorical(f"p{i}", [1, 2, 3]) for i in range(5)]
+        trial.set_user_attr("config", "c")
+        study.tell(trial, 1.0)
+        assert appends == []
+        flush()
+        assert appends == [7]
+    other = optuna.load_study(study_name="s", storage=open_storage(url))
+    (done,) = other.get_trials()
+    assert done.state == optuna.trial.TrialState.COMPLETE and done.value == 1.0
+    assert done.params == {f"p{i}": v for i, v in enumerate(values)}
+    assert done.user_attrs == {"config": "c"}
+    appends.clear()
+    with pytest.raises(RuntimeError), writes_held(study._storage):
+        study.ask().suggest_categorical("p0", [1, 2, 3])  # the new trial: written at once
+        raise RuntimeError("a failed measurement")
+    assert appends == [1, 1]
+    assert len(other.get_trials()[1].params) == 1
+
+
 def test_default_storage_is_a_journal_beside_sqlite_and_the_server_otherwise():
     assert default_storage_url("sqlite:////x/tuned.db") == "journal:/x/tuned.db.optuna-journal"
     url = "postgresql+psycopg://nmgen@127.0.0.1:54329/nmgen"

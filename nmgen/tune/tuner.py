@@ -393,7 +393,7 @@ class Tuner:
 
     def _run_batch(self, study: optuna.Study, task: TuneTask, measurer, wanted: int,
                    statuses: dict[str, int], phases: Phases) -> Generator[Any, None, None]:
-        from .studies import ask, heartbeat
+        from .studies import ask, heartbeat, writes_held
 
         with phases("optuna"):
             asked = [ask(study) for _ in range(wanted)]
@@ -401,7 +401,10 @@ class Tuner:
             with phases("optuna"):
                 for trial in self._give_back_surplus(study, asked):
                     asked.remove(trial)
-                configs = [suggest_config(t, task) for t in asked]
+                configs = []
+                for trial in asked:  # each trial's parameters in the storage before the next
+                    with writes_held(study._storage):  # samples (its sampler sees them)
+                        configs.append(suggest_config(trial, task))
             with phases("measure"):
                 known = self._known(measurer.key)
             fresh = {c.name: c for c in configs if c is not None and c.name not in known
@@ -411,15 +414,18 @@ class Tuner:
             yield compiling
             with phases("compile"):  # what is left of it once the other studies had a turn
                 measurer.take(compiling)
-            for trial, config in zip(asked, configs, strict=True):
-                with phases("measure"):
-                    status, value, violation = self._outcome(task, measurer, config, known)
-                statuses[status] = statuses.get(status, 0) + 1
+            with writes_held(study._storage) as flush:  # the batch's results: one append
+                for trial, config in zip(asked, configs, strict=True):
+                    with phases("measure"):
+                        status, value, violation = self._outcome(task, measurer, config, known)
+                    statuses[status] = statuses.get(status, 0) + 1
+                    with phases("optuna"):
+                        if config is not None:
+                            trial.set_user_attr("config", config.name)
+                            trial.set_user_attr("status", status)
+                        _tell(study, trial, value, violation)
                 with phases("optuna"):
-                    if config is not None:
-                        trial.set_user_attr("config", config.name)
-                        trial.set_user_attr("status", status)
-                    _tell(study, trial, value, violation)
+                    flush()
 
     def _outcome(self, task: TuneTask, measurer, config: Config | None,
                  known: dict[str, tuple[str, float]]) -> tuple[str, float, float]:
