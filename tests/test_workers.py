@@ -452,6 +452,40 @@ def test_a_study_left_alone_gets_its_batches_side_by_side(tmp_path, in_flight):
     assert (trials[16].datetime_start < trials[0].datetime_complete) == (in_flight == 3)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_study_is_confirmed_once_by_the_last_worker_out(tmp_path, monkeypatch, workers):
+    """Batches of one study side by side (three in one worker, or two workers): its
+    finalists are timed again by the batch that ends last, once, having seen every
+    record of the problem; a batch that ends while another runs leaves it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from nmgen.store.records import trials_of
+    from nmgen.tune.tuner import CONFIRMED_ATTR
+
+    confirmed: Counter = Counter()
+    real_confirm = Tuner.confirm
+    monkeypatch.setattr(Tuner, "confirm", lambda self, task, measurer, rows=None: (
+        confirmed.update([task.study_name]) or real_confirm(self, task, measurer, rows)))
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    journal = f"journal:{tmp_path / 'studies.journal'}"
+    task = task_of(64)
+    tuners = [Tuner(connect(url), open_storage(journal), trials=32, batch=8, dry_run=True,
+                    in_flight=3, log=lambda s: None) for _ in range(workers)]
+    with ThreadPoolExecutor(workers) as pool:
+        reports = list(pool.map(lambda i: run_worker(tuners[i], [task], index=i,
+                                                     count=workers, log=lambda s: None),
+                                range(workers)))
+    assert all(r.complete == 1 for r in reports)
+    study = optuna.load_study(study_name=tuners[0].study_name(task),
+                              storage=open_storage(journal))
+    records = trials_of(tuners[0].engine, tuners[0].problem_key(task))
+    assert study.user_attrs[CONFIRMED_ATTR] == len(records) > 0
+    if workers == 1:  # one thread: its batches end one after the other
+        assert confirmed[task.study_name] == 1
+    else:
+        assert 1 <= confirmed[task.study_name] <= 2  # two ending at once may both
+
+
 def test_seeds_left_waiting_in_a_full_study_are_given_back():
     """A seed enqueued once a study already had its trials is failed unmeasured (marked
     surplus); in a study still short of trials it stays for the next ask."""
