@@ -86,9 +86,9 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
         begun = time.monotonic()
         with phases("ahead"):
             queued = tuner.compile_ahead(upcoming)
-        if not started_ahead and queued:  # the first call also starts the processes
+        if not started_ahead and queued:  # the first call ranks the first studies' seeds
             started_ahead = True
-            log(f"compile processes started and {queued} kernels queued ahead in "
+            log(f"{queued} kernels queued ahead of the first studies in "
                 f"{time.monotonic() - begun:.1f} s")
         log(f"[{tasks.index(task) + 1}/{len(tasks)}] {tuner.study_name(task)} "
             f"({progress}, {time.monotonic() - start:.0f} s)")
