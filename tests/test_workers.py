@@ -748,6 +748,68 @@ def test_cross_check_share_gives_every_problem_to_one_worker():
     assert cross_check_share(small, 1, 2) == small[4:]
 
 
+def test_cross_check_order_takes_the_other_shares_from_their_ends():
+    from types import SimpleNamespace
+
+    from nmgen.tune.workers import cross_check_order, cross_check_share
+
+    tasks = [SimpleNamespace(shape=(256 * (i % 4 + 1), 2048, 2048)) for i in range(12)]
+    for count in (1, 2, 3, 4):
+        for index in range(count):
+            order = cross_check_order(tasks, index, count)
+            own = cross_check_share(tasks, index, count)
+            assert order[:len(own)] == own and sorted(map(id, order)) == sorted(map(id, tasks))
+            if count > 1:  # then the last problem of the next worker's share
+                assert order[len(own)] is cross_check_share(tasks, (index + 1) % count,
+                                                             count)[-1]
+
+
+def test_workers_cross_check_each_problem_once_whoever_finishes_first(tmp_path, monkeypatch):
+    """Two workers cross-checking at once, one of them starting late: each problem is
+    checked once, by the worker that claimed it; the early one takes the late one's
+    share from its end. Claims name the pass: a later pass (more trials) checks anew."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from nmgen.tune.workers import (
+        _cross_check,
+        _cross_check_claims,
+        cross_check_order,
+        cross_check_share,
+    )
+
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    journal = f"journal:{tmp_path / 'studies.journal'}"
+    tuners = [Tuner(connect(url), open_storage(journal), trials=8, batch=8, dry_run=True,
+                    log=lambda s: None) for _ in range(2)]
+    tasks = [task_of(m) for m in (32, 48, 64, 96, 128, 192, 256, 512)]
+    assert run_worker(tuners[0], tasks, log=lambda s: None).complete == len(tasks)
+    checked: list[tuple[int, int]] = []
+    real_cross_check = Tuner.cross_check
+
+    def cross_check(self, task, winners=None):
+        checked.append((tuners.index(self), task.rows))
+        time.sleep(0.1 if self is tuners[0] else 0.4)  # the second: slower
+        return real_cross_check(self, task, winners)
+
+    monkeypatch.setattr(Tuner, "cross_check", cross_check)
+
+    def check(i: int) -> None:
+        time.sleep(0.3 * i)  # the second starts late
+        claims = _cross_check_claims(tuners[i], tasks)
+        _cross_check(tuners[i], cross_check_order(tasks, i, 2), lambda s: None, claims)
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(check, range(2)))
+    assert sorted(rows for _, rows in checked) == sorted(t.rows for t in tasks)
+    by = Counter(i for i, _ in checked)
+    assert by[0] > len(cross_check_share(tasks, 0, 2)) and by[1] >= 1  # 0 took some of 1's
+    checked.clear()
+    tuners[0].trials = 16
+    assert run_worker(tuners[0], tasks, log=lambda s: None).complete == len(tasks)
+    _cross_check(tuners[0], tasks, lambda s: None, _cross_check_claims(tuners[0], tasks))
+    assert len(checked) == len(tasks)
+
+
 def test_a_workers_cross_check_reads_every_winner_once(tmp_path, monkeypatch):
     """Once every study is complete, a worker cross-checks its problems with one read of
     every shape's winners (three a problem before), then each problem's winner alone;

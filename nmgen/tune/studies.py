@@ -349,6 +349,17 @@ def open_study(name: str, storage: BaseStorage | str, sampler: optuna.samplers.B
         return optuna.load_study(study_name=name, storage=storage, sampler=sampler), False
 
 
+def claim(storage: BaseStorage | str, name: str) -> bool:
+    """Whether this call is the first to claim ``name``: it creates an empty study of
+    that name (of workers creating one at once exactly one does, as in ``open_study``)."""
+    try:
+        optuna.create_study(study_name=name, storage=storage,
+                            sampler=optuna.samplers.RandomSampler())
+    except optuna.exceptions.DuplicatedStudyError:
+        return False
+    return True
+
+
 def seed_study(study: optuna.Study, params: Sequence[dict], names: Sequence[str]) -> None:
     """Enqueue a new study's seeds (their parameters ``params``), then store their
     ``names`` in it: a worker that waits for the names (``await_seeds``) then finds every
