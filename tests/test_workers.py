@@ -538,6 +538,21 @@ def test_two_workers_rank_each_studys_seeds_once(tmp_path, monkeypatch):
         assert [t.user_attrs["config"] for t in trials[:len(names)]] == names
 
 
+def test_a_worker_begins_untouched_studies_before_it_joins_another_workers(tmp_path):
+    """A study another worker has begun comes after every untouched one, wherever it is
+    in the walk; once none is untouched, the walk joins it."""
+    from nmgen.tune.workers import _walk
+
+    storage = open_storage(f"journal:{tmp_path / 'studies.journal'}")
+    tuner = Tuner(connect(f"sqlite:///{tmp_path / 'tuned.db'}"), storage, trials=8, batch=8,
+                  dry_run=True, log=lambda s: None)
+    tasks = [task_of(m) for m in (32, 64, 128)]
+    other = optuna.create_study(study_name=tuner.study_name(tasks[0]), storage=storage)
+    other.ask()  # begun elsewhere
+    walk = _walk(tuner, tasks, math.inf, time.monotonic(), lambda: set())
+    assert [next(walk)[0] for _ in range(3)] == [tasks[1], tasks[2], tasks[0]]
+
+
 def test_walk_order_pairs_start_at_both_ends_of_their_share():
     from nmgen.tune.workers import walk_order
 
