@@ -202,7 +202,7 @@ class Tuner:
     # The samplers' seed: the same in every worker of a tune, so that each study draws as
     # it would in one worker and studies of related shapes suggest the same kernels. With
     # a seed a worker, four dry-run workers asked for 241 distinct configurations against
-    # 194 alone, 188 with one seed (docs/engineering-notes.md §10): kernels to compile.
+    # 194 alone, 179-188 with one seed (docs/engineering-notes.md §10): kernels to compile.
     seed: int = 0
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)
     model_seed_count: int = SEEDS_FROM_MODEL  # the model's best guesses a study starts from

@@ -237,11 +237,11 @@ def _walk(tuner: Tuner, order: Sequence[TuneTask], time_budget_s: float, start: 
 
 def _untouched(tuner: Tuner, order: Sequence[TuneTask], time_budget_s: float, start: float
                ) -> Iterator[Pick]:
-    """The studies of ``order`` that no worker has asked a trial of, each once, looked at
-    again as each is picked (a study begun stays begun: each is looked at about once).
-    Workers then join each other's studies only once none is left untouched: a worker
-    that joins a study makes its problem's data too, and four GPUs' workers joined 33 of
-    100 studies (143 data makes), beginning while 13 studies were still untouched
+    """The studies of ``order`` that no worker has asked a trial of yet, in order, each
+    looked at once, when the walk reaches it (a study begun stays begun). Workers join
+    each other's studies only once none is left untouched: a worker that joins a study
+    makes its problem's data too, and four GPUs' workers joined 33 of 100 studies (143
+    data makes), beginning while 13 studies were still untouched
     (docs/engineering-notes.md §10)."""
     begun = 0
     for i, task in enumerate(order):
