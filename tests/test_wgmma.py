@@ -376,9 +376,8 @@ def test_a_producer_warpgroup_reads_row_major_a_through_the_same_copy():
         assert main.grid == their_main.grid
         assert main.threads == warp.threads == 384 and their_main.threads == 256
         assert main.smem == warp.smem_bytes == shared.smem_bytes + 64
-    # the model: the transpose on top of an estimate never below the shared twin's
+    # the model: the transpose before the kernel
     for shape in [(4096, 4096, 4096), (128, 11008, 4096)]:
-        assert estimate(warp, H100, *shape).time_ms >= estimate(shared, H100, *shape).time_ms
         assert (estimate(warp, H100, *shape).time_ms
                 > estimate(CONFIG.replace(producer="warp"), H100, *shape).time_ms)
 
@@ -397,16 +396,29 @@ def test_model_ranks_big_tiles_first_at_large_shapes_and_sparsity_pays():
     assert stage_mma_cycles(config, H100) > 0
 
 
-@pytest.mark.parametrize("problem", PROBLEMS[:4], ids=str)
-def test_model_never_ranks_a_producer_warpgroup_above_its_shared_twin(problem):
-    configs = WGMMA.seed_candidates(problem, WGMMA.space)
-    for shape in [(4096, 4096, 4096), (2048, 4096, 4096), (128, 11008, 4096), (1, 64, 64)]:
-        for config in configs:
-            if config.specialized:
-                twin = config.replace(producer="shared")
-                assert (estimate(config, H100, *shape).time_ms
-                        >= estimate(twin, H100, *shape).time_ms), (config.name, shape)
-        assert not WGMMA.default_config(problem, H100, shape).specialized
+# The bf16 tune of 8:32 row-major A on an H100 (results/untuned_h100/bf16/): its fastest
+# kernel at 1024 x 8192 x 8192, the fastest on 20 of its 32 shapes at L = 128 and 16 at L = 64.
+TUNED_FASTEST = {128: "nm_wgmma_bf16_n8m32l128_b128x128x64_g1_s3_ws_rm_sm90a",
+                 64: "nm_wgmma_bf16_n8m32l64_b128x64x32_g1_s4_rm_sm90a"}
+
+
+@pytest.mark.parametrize("vec", sorted(TUNED_FASTEST))
+def test_model_picks_the_tuned_fastest_kernel_of_the_bf16_tune(vec):
+    problem = Problem(8, 32, vec, ALayout.ROW_MAJOR, dtype="bf16")
+    assert WGMMA.default_config(problem, H100, (1024, 8192, 8192)).name == TUNED_FASTEST[vec]
+
+
+def test_model_lets_a_producer_warpgroup_hide_what_one_stage_ahead_exposes():
+    """Three stages of shared copies keep one in flight, so a block waits for each stage's
+    copies; a producer warpgroup keeps two in flight and runs them beside the wgmmas, but
+    reads each stage's row indices behind the SM's copies: it pays where stages are short."""
+    warp = WgmmaConfig.from_name(TUNED_FASTEST[128])
+    shared = warp.replace(producer="shared")
+    for shape in [(1024, 8192, 8192), (4096, 4096, 4096)]:
+        assert estimate(warp, H100, *shape).time_ms < estimate(shared, H100, *shape).time_ms
+    short = warp.replace(windows=2, stages=5)  # 16-row stages
+    assert (estimate(short, H100, 1024, 8192, 8192).time_ms
+            > estimate(short.replace(producer="shared"), H100, 1024, 8192, 8192).time_ms)
 
 
 def test_model_prefers_wgmma_to_mma_sync_on_k_major_prefill():
