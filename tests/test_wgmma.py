@@ -161,17 +161,20 @@ def test_space_enumerates_and_samples_valid_configurations(problem):
                for c in configs)
     assert all(c.smem_bytes <= c.arch.max_smem_per_block for c in configs)
     assert all(WGMMA.in_space(c, problem) for c in configs)
-    # every shared-copy configuration has its producer-warpgroup twin
+    # every shared-copy configuration has its producer-warpgroup twin; persistent grids
+    # are searched (below), not enumerated
     shared = {c.name for c in configs if c.producer is Producer.SHARED}
     assert {c.replace(producer="shared").name for c in configs if c.specialized} == shared
+    assert not any(c.persistent for c in configs)
     rng = random.Random(0)
-    drawn = set()
+    drawn, persistent = set(), set()
     for _ in range(40):
         config = WGMMA.space.sample(problem, rng)
         assert WGMMA.space.config(problem, WGMMA.space.values_of(config)) == config
         assert WgmmaConfig.from_name(config.name) == config
         drawn.add(config.producer)
-    assert drawn == set(Producer)
+        persistent.add(config.persistent)
+    assert drawn == set(Producer) and persistent == {False, True}
 
 
 def test_selftest_draws_producer_warpgroups_through_the_space():
