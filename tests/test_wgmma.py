@@ -67,6 +67,40 @@ def test_a_producer_warpgroup_is_named_and_stored_only_where_it_is_one():
         WgmmaConfig.from_name("nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_ws_sm90a")
 
 
+PERSISTENT = CONFIG.replace(persistent=True)  # resident blocks walking tiles
+
+
+def test_a_persistent_grid_is_named_and_stored_only_where_it_is_one():
+    assert PERSISTENT.name == "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_p_km_sm90a"
+    assert PERSISTENT.walks_tiles and not CONFIG.walks_tiles
+    assert WgmmaConfig.from_name(PERSISTENT.name) == PERSISTENT
+    assert config_from_name(PERSISTENT.name) == PERSISTENT
+    assert config_from_dict(PERSISTENT.to_dict()) == PERSISTENT
+    assert WgmmaConfig.from_json(PERSISTENT.to_json()) == PERSISTENT
+    assert PERSISTENT.to_dict()["persistent"] is True and "persistent" not in CONFIG.to_dict()
+    assert config_from_dict({**CONFIG.to_dict(), "persistent": False}) == CONFIG
+    other = PERSISTENT.replace(dtype="f16", bn=64, bm=256, epilogue="bias_gelu", a_layout="rm")
+    assert other.name == "nm_wgmma_f16_n8m32l128_b256x64x64_g2_s4_p_rm_sm90a_bias_gelu"
+    assert config_from_name(other.name) == other
+    # the producer warpgroup's mbarriers do not run across tiles (yet)
+    with pytest.raises(nmgen.ConfigError, match="persistent only with shared copies"):
+        PERSISTENT.replace(producer="warp")
+    with pytest.raises(nmgen.ConfigError, match="persistent only with shared copies"):
+        WgmmaConfig.from_name("nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_ws_p_km_sm90a")
+    with pytest.raises(nmgen.ConfigError, match="not a wgmma kernel name"):
+        WgmmaConfig.from_name("nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_p_ws_km_sm90a")
+
+
+def test_a_persistent_grid_is_searched_and_seeded_not_enumerated():
+    problem = Problem(8, 32, 128, ALayout.K_MAJOR, dtype="bf16")
+    assert True in WGMMA.space.choices(problem)["persistent"]
+    assert not any(c.persistent for c in WGMMA.seed_candidates(problem, WGMMA.space))
+    assert WGMMA.seed_variants(CONFIG, WGMMA.space) == [PERSISTENT]
+    assert WGMMA.refinements(CONFIG) == [PERSISTENT]
+    assert WGMMA.refinements(PERSISTENT) == [] and WGMMA.refinements(WARP) == []
+    assert WGMMA.seed_variants(CONFIG, WGMMA.space.narrowed(persistent=(False,))) == []
+
+
 @pytest.mark.parametrize("change, rule", [
     (dict(dtype="f32"), "bf16 or f16"),
     (dict(arch="sm_80"), "arch sm_90"),
@@ -250,6 +284,22 @@ def test_render_reads_as_the_configuration(dtype, bn):
     assert "mbarrier" not in code and code.count("__syncthreads()") == 1
 
 
+@pytest.mark.parametrize("epilogue", [None, "bias_silu"])
+def test_render_of_a_persistent_grid(epilogue):
+    config = PERSISTENT.replace(epilogue=epilogue)
+    code = nmgen.render(config).code
+    kernel = code.split('extern "C"')[1]
+    assert "//   persistent = True" in code and "// Persistent:" in code
+    assert "blockIdx.y" not in kernel and "gridDim.x" in kernel
+    # one stream of copies across tiles, one block barrier a stage, the epilogue a tile
+    assert "auto copy_stage = [&](int f)" in kernel and kernel.count("__syncthreads()") == 1
+    assert kernel.count("store_tile(") == 1 and kernel.count("clear(acc)") == 2
+    assert "wgmma_wait<0>();\n            const TileOrigin o" in kernel
+    assert "mbarrier" not in code and f"== {config.smem_bytes}" in code
+    assert ("epilogue(x0, bias, col)" in code) == bool(epilogue)
+    assert "store_tile" not in nmgen.render(CONFIG).code
+
+
 @pytest.mark.parametrize("a_vec_path", ["cp.async.mbarrier.arrive.noinc.shared::cta.b64",
                                         "cp.async.mbarrier.arrive.shared::cta.b64"])
 def test_render_of_a_producer_warpgroup(a_vec_path):
@@ -319,6 +369,37 @@ def test_plan_is_one_launch_over_row_and_column_blocks(lda, aligned, vec):
                            DEVICE).launches
     assert launch.entry == WARP.name and launch.threads == 384
     assert launch.smem == WARP.smem_bytes == CONFIG.smem_bytes + 64
+
+
+@pytest.mark.parametrize("rows, cols, resident, grid", [
+    (300, 200, 1, 6),  # 3 x 2 tiles: one a block
+    (4096, 4096, 2, 264),  # 32 x 32 tiles on 132 SMs of two blocks each
+    (4096, 4096, 1, 132),
+    (1, 4096, 2, 32)])  # one row block
+def test_a_persistent_grid_is_the_resident_blocks_at_most_one_a_tile(rows, cols, resident,
+                                                                     grid):
+    weight = random_weight(np.random.default_rng(0), 8, 32, 128, 300, cols,
+                           dtype=nmgen.DType.BF16)
+    prepared = prepare(weight, PERSISTENT)
+    asked = []
+
+    def resident_blocks(entry: str, threads: int, smem: int) -> int:
+        asked.append((entry, threads, smem))
+        return resident
+
+    call = Call(rows, 304, True)
+    (launch,) = WGMMA.plan(PERSISTENT, prepared, weight.shape, call,
+                           Device(132, resident_blocks)).launches
+    assert launch.grid == (grid, 1, 1) and launch.entry == PERSISTENT.name
+    assert asked == [(PERSISTENT.name, 256, PERSISTENT.smem_bytes)]
+    # the arguments are the non-persistent kernel's: the tiles follow from M and ldv
+    (twin,) = WGMMA.plan(CONFIG, prepare(weight, CONFIG), weight.shape, call,
+                         DEVICE).launches
+    assert launch.args == twin.args and twin.grid[0] * twin.grid[1] >= grid
+    rm = PERSISTENT.replace(a_layout="rm")
+    transpose, main = WGMMA.plan(rm, prepare(weight, rm), weight.shape, call,
+                                 Device(132, resident_blocks)).launches
+    assert main.grid == (grid, 1, 1) and transpose.entry.endswith("_transpose")
 
 
 @pytest.mark.parametrize("lda, aligned, vec", [(400, True, 1), (401, True, 0),
@@ -422,6 +503,17 @@ def test_model_lets_a_producer_warpgroup_hide_what_one_stage_ahead_exposes():
     short = warp.replace(windows=2, stages=5)  # 16-row stages
     assert (estimate(short, H100, 1024, 8192, 8192).time_ms
             > estimate(short.replace(producer="shared"), H100, 1024, 8192, 8192).time_ms)
+
+
+def test_model_lets_a_persistent_grid_pay_the_fill_once_a_block():
+    """Past one round of resident blocks a persistent grid saves each later round's
+    pipeline fill (less a tile switch); within one round it is the grid of tiles."""
+    shape = (4096, 4096, 4096)  # 1,024 tiles on 264 resident blocks
+    twin = estimate(CONFIG, H100, *shape)
+    persistent = estimate(PERSISTENT, H100, *shape)
+    assert persistent.time_ms < twin.time_ms and persistent.blocks == twin.blocks
+    small = (256, 4096, 4096)  # 64 tiles
+    assert estimate(PERSISTENT, H100, *small).time_ms == estimate(CONFIG, H100, *small).time_ms
 
 
 def test_model_prefers_wgmma_to_mma_sync_on_k_major_prefill():
@@ -617,3 +709,37 @@ def test_the_kernel_is_hgmma_with_both_operands_transposed(tmp_path):
     hgmma = [line for line in sass.splitlines() if "HGMMA.64x128x16.F32.BF16" in line]
     assert len(hgmma) == CONFIG.bk // 16 * CONFIG.tiles_m
     assert all("tnspA.tnspB" in line for line in hgmma)
+
+
+# Persistent grids: ptxas (CUDA 13.0) registers, the non-persistent twin's after the slash
+NVCC_PERSISTENT = [
+    "nm_wgmma_bf16_n16m32l128_b128x128x32_g2_s4_p_km_sm90a",  # 114 / 108
+    "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_p_km_sm90a",  # 114 / 108
+    "nm_wgmma_bf16_n4m32l128_b128x128x32_g2_s4_p_km_sm90a",  # 114 / 108
+    "nm_wgmma_bf16_n8m32l128_b256x128x64_g2_s3_p_km_sm90a",  # 204 / 187: two m64 tiles
+    "nm_wgmma_bf16_n8m32l256_b128x256x64_g2_s3_p_km_sm90a",  # 192: n256
+    "nm_wgmma_f16_n8m32l128_b128x128x64_g1_s4_p_km_sm90a",  # 205
+    "nm_wgmma_f16_n2m4l64_b128x64x16_g2_s3_p_km_sm90a",  # 80
+    "nm_wgmma_bf16_n3m7l128_b64x128x48_g1_s3_p_km_sm90a",  # 127
+    "nm_wgmma_bf16_n16m64l128_b128x128x128_g2_s3_p_km_sm90a_bias_silu",  # 144
+    "nm_wgmma_bf16_n16m32l128_b256x128x32_g4_s4_p_km_sm90a",  # 114: four warpgroups
+    "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_p_rm_sm90a",  # 114: the K-major copy
+]
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", NVCC_PERSISTENT)
+def test_named_persistent_configurations_compile_without_spills(name):
+    check_resources(WgmmaConfig.from_name(name))
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("seed", range(6))
+def test_sampled_persistent_configurations_compile_without_spills(seed):
+    rng = random.Random(100 + seed)
+    problem = Problem(*rng.choice([(2, 4), (8, 32), (16, 32), (4, 32), (1, 4), (16, 64)]),
+                      rng.choice([64, 128, 256]), ALayout.K_MAJOR, Arch.SM90,
+                      rng.choice(["bf16", "f16"]))
+    config = WGMMA.space.sample(problem, rng)
+    check_resources(config.replace(producer="shared", persistent=True,
+                                   epilogue=rng.choice([None, "bias", "bias_gelu"])))
