@@ -133,7 +133,7 @@ PINNED = {
     ("wgmma", "model"):
         "4d104fe14cf5bb5412c53f44a3666284eca7a1d27d75a9a22eb6137f9fff732e",
     ("wgmma", "sources"):
-        "46931bb484f9597a933b49c1602c491705ae69f5b7daac102507124dd39302a0",
+        "3d00439d4def7a2aa90d5c42b2165614e944f1918d1dbb0a24e7a476ea38037f",
     ("wgmma", "weight"):
         "166cad218952c03e553995519f52f99db7976bf909f6777b4f220a89700b84e4",
 }

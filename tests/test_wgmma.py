@@ -82,11 +82,11 @@ def test_a_persistent_grid_is_named_and_stored_only_where_it_is_one():
     other = PERSISTENT.replace(dtype="f16", bn=64, bm=256, epilogue="bias_gelu", a_layout="rm")
     assert other.name == "nm_wgmma_f16_n8m32l128_b256x64x64_g2_s4_p_rm_sm90a_bias_gelu"
     assert config_from_name(other.name) == other
-    # the producer warpgroup's mbarriers do not run across tiles (yet)
-    with pytest.raises(nmgen.ConfigError, match="persistent only with shared copies"):
-        PERSISTENT.replace(producer="warp")
-    with pytest.raises(nmgen.ConfigError, match="persistent only with shared copies"):
-        WgmmaConfig.from_name("nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_ws_p_km_sm90a")
+    # with a producer warpgroup: _ws first
+    both = PERSISTENT.replace(producer="warp")
+    assert both.name == "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_ws_p_km_sm90a"
+    assert config_from_name(both.name) == both and config_from_dict(both.to_dict()) == both
+    assert both.smem_bytes == WARP.smem_bytes and both.threads == 384
     with pytest.raises(nmgen.ConfigError, match="not a wgmma kernel name"):
         WgmmaConfig.from_name("nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_p_ws_km_sm90a")
 
@@ -97,7 +97,8 @@ def test_a_persistent_grid_is_searched_and_seeded_not_enumerated():
     assert not any(c.persistent for c in WGMMA.seed_candidates(problem, WGMMA.space))
     assert WGMMA.seed_variants(CONFIG, WGMMA.space) == [PERSISTENT]
     assert WGMMA.refinements(CONFIG) == [PERSISTENT]
-    assert WGMMA.refinements(PERSISTENT) == [] and WGMMA.refinements(WARP) == []
+    assert WGMMA.refinements(PERSISTENT) == []
+    assert WGMMA.refinements(WARP) == [WARP.replace(persistent=True)]
     assert WGMMA.seed_variants(CONFIG, WGMMA.space.narrowed(persistent=(False,))) == []
 
 
@@ -298,6 +299,17 @@ def test_render_of_a_persistent_grid(epilogue):
     assert "mbarrier" not in code and f"== {config.smem_bytes}" in code
     assert ("epilogue(x0, bias, col)" in code) == bool(epilogue)
     assert "store_tile" not in nmgen.render(CONFIG).code
+
+
+def test_render_of_a_persistent_producer_warpgroup():
+    config = PERSISTENT.replace(producer="warp", epilogue="bias")
+    kernel = nmgen.render(config).code.split('extern "C"')[1]
+    assert kernel.count("__syncthreads()") == 1 and kernel.count("mbar_init(") == 2
+    # the producer's stream crosses tiles; the MMA warps loop over tiles, then stages
+    assert "start_tile(copy, copy.tile + gridDim.x" in kernel
+    assert "for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x)" in kernel
+    assert kernel.count("store_tile(") == 1 and "epilogue(" not in kernel
+    assert kernel.index("wgmma_wait<0>();") < kernel.index("store_tile(")
 
 
 @pytest.mark.parametrize("a_vec_path", ["cp.async.mbarrier.arrive.noinc.shared::cta.b64",
@@ -724,6 +736,14 @@ NVCC_PERSISTENT = [
     "nm_wgmma_bf16_n16m64l128_b128x128x128_g2_s3_p_km_sm90a_bias_silu",  # 144
     "nm_wgmma_bf16_n16m32l128_b256x128x32_g4_s4_p_km_sm90a",  # 114: four warpgroups
     "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_p_rm_sm90a",  # 114: the K-major copy
+    # with a producer warpgroup (its twins' counts as NVCC_WARP's)
+    "nm_wgmma_bf16_n16m32l128_b128x128x32_g2_s4_ws_p_km_sm90a",  # 90 / 90
+    "nm_wgmma_bf16_n8m32l128_b256x128x64_g2_s4_ws_p_km_sm90a",  # 154 / 154
+    "nm_wgmma_bf16_n16m32l128_b128x128x32_g1_s4_ws_p_km_sm90a",  # 128 -> 56 / 200
+    "nm_wgmma_bf16_n16m32l64_b256x64x32_g2_s5_ws_p_km_sm90a",  # 80 -> 48 / 96
+    "nm_wgmma_f16_n2m4l64_b64x64x16_g1_s6_ws_p_km_sm90a_bias_silu",  # 61 / 58
+    "nm_wgmma_bf16_n16m64l128_b128x128x128_g2_s3_ws_p_km_sm90a_bias_gelu",  # 155 / 90
+    "nm_wgmma_f16_n16m32l128_b128x128x32_g1_s4_ws_p_rm_sm90a_bias_silu",  # 128 -> 56 / 200
 ]
 
 
@@ -741,5 +761,11 @@ def test_sampled_persistent_configurations_compile_without_spills(seed):
                       rng.choice([64, 128, 256]), ALayout.K_MAJOR, Arch.SM90,
                       rng.choice(["bf16", "f16"]))
     config = WGMMA.space.sample(problem, rng)
-    check_resources(config.replace(producer="shared", persistent=True,
+    check_resources(config.replace(persistent=True,
                                    epilogue=rng.choice([None, "bias", "bias_gelu"])))
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("index", range(0, 16, 3))
+def test_sampled_persistent_producer_warpgroups_compile_without_spills(index):
+    check_resources(warp_sample()[index].replace(persistent=True))

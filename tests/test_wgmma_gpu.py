@@ -120,7 +120,8 @@ TILES = ["nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_km_sm90a",
          "nm_wgmma_bf16_n16m32l128_b128x128x32_g2_s4_p_km_sm90a",
          "nm_wgmma_bf16_n4m32l128_b128x128x32_g2_s4_p_km_sm90a",
          "nm_wgmma_bf16_n8m32l128_b256x128x64_g2_s3_p_km_sm90a",
-         "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_p_rm_sm90a"]
+         "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_p_rm_sm90a",
+         "nm_wgmma_bf16_n16m32l128_b256x128x32_g2_s5_ws_p_km_sm90a"]
 
 
 @pytest.mark.parametrize("name", TILES)
@@ -173,7 +174,12 @@ PERSISTENT = ["nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_p_km_sm90a",  # the pro
               "nm_wgmma_bf16_n4m32l256_b64x256x64_g1_s3_p_km_sm90a",  # n256
               "nm_wgmma_f16_n2m4l64_b128x64x16_g2_s3_p_km_sm90a_bias_silu",  # the epilogue
               "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_p_rm_sm90a_bias",  # row-major A
-              "nm_wgmma_bf16_n16m32l128_b256x128x32_g4_s4_p_km_sm90a"]  # four warpgroups
+              "nm_wgmma_bf16_n16m32l128_b256x128x32_g4_s4_p_km_sm90a",  # four warpgroups
+              # with a producer warpgroup: the mbarriers' phases across tiles
+              "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_ws_p_km_sm90a",
+              "nm_wgmma_bf16_n16m32l128_b128x128x32_g1_s4_ws_p_km_sm90a",  # setmaxnreg
+              "nm_wgmma_bf16_n3m7l128_b64x128x48_g1_s3_ws_p_km_sm90a",  # 3 stages
+              "nm_wgmma_f16_n16m32l128_b128x128x32_g1_s4_ws_p_rm_sm90a_bias_silu"]
 # (M, N, K, A's row padding): thousands of tiles of one or two stages (the stream crosses
 # tiles inside the pipeline's depth), many tiles a block of many stages, odd edges on
 # M and N in every tile's epilogue, unaligned A, one row block, one stage in all

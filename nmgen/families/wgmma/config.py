@@ -20,7 +20,7 @@ reads A as the shared kernel does (row-major A: the transpose kernel's K-major c
 blocks resident at once, and each block walks the tiles ``blockIdx.x, blockIdx.x +
 gridDim.x, ...`` (row blocks fastest, as the grid's order); its copies run one stream of
 (tile, stage) pairs, so the next tile's first stages load while the current tile's last
-stages and its epilogue run. Shared copies only (producer "shared").
+stages and its epilogue run (producer "warp": the mbarriers' phases run on across tiles).
 """
 
 from __future__ import annotations
@@ -278,9 +278,6 @@ class WgmmaConfig(TensorCoreConfig):
                self.bm % (64 * self.warpgroups) == 0 and 1 <= self.tiles_m <= MAX_TILES_M)
         yield (f"{MIN_STAGES} <= stages <= {MAX_STAGES}",
                MIN_STAGES <= self.stages <= MAX_STAGES)
-        yield ("persistent only with shared copies (producer 'shared': the producer "
-               "warpgroup's mbarriers do not yet run across tiles)",
-               not (self.persistent and self.specialized))
 
     def _block_register_rules(self) -> Iterator[tuple[str, bool]]:
         if not self.specialized:

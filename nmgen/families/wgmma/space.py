@@ -15,7 +15,7 @@ SPACE_PARAMS = (
     Param("warpgroups", (1, 2, 4)),  # 4: 256-row tiles of one m64 tile a warpgroup
     Param("stages", (3, 4, 5)),
     Param("producer", ("shared", "warp")),  # who copies the stages in (config.Producer)
-    # A grid of the resident blocks, each walking tiles (shared copies only): searched, not
+    # A grid of the resident blocks, each walking tiles: searched and seeded, not
     # enumerated (the model's own choice) until a GPU has timed it against its twins.
     Param("persistent", (False, True), enumerated=(False,)),
 )
@@ -36,8 +36,7 @@ class _Mapping(TensorCoreMapping):
 
     def quick_reject(self, values: dict[str, Any]) -> bool:
         tiles_m, rest = divmod(values["bm"], 64 * values["warpgroups"])
-        persistent_ws = values.get("persistent", False) and values["producer"] == "warp"
-        return rest != 0 or not 1 <= tiles_m <= 2 or persistent_ws
+        return rest != 0 or not 1 <= tiles_m <= 2
 
 
 SPACE = SearchSpace(FAMILY, SPACE_PARAMS, _Mapping())
