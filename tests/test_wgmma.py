@@ -524,6 +524,8 @@ def test_model_lets_a_persistent_grid_pay_the_fill_once_a_block():
     twin = estimate(CONFIG, H100, *shape)
     persistent = estimate(PERSISTENT, H100, *shape)
     assert persistent.time_ms < twin.time_ms and persistent.blocks == twin.blocks
+    warp = WARP.replace(persistent=True)
+    assert estimate(warp, H100, *shape).time_ms < estimate(WARP, H100, *shape).time_ms
     small = (256, 4096, 4096)  # 64 tiles
     assert estimate(PERSISTENT, H100, *small).time_ms == estimate(CONFIG, H100, *small).time_ms
 
