@@ -635,10 +635,15 @@ def test_named_configurations_compile_without_spills(name):
 @pytest.mark.parametrize("seed", range(6))
 def test_sampled_configurations_compile_without_spills(seed):
     rng = random.Random(seed)
+    check_resources(sample_config(rng))
+
+
+def sample_config(rng: random.Random) -> WgmmaConfig:
+    """A configuration of the space for a random K-major problem."""
     problem = Problem(*rng.choice([(2, 4), (8, 32), (16, 32), (4, 32), (1, 4), (16, 64)]),
                       rng.choice([64, 128, 256]), ALayout.K_MAJOR, Arch.SM90,
                       rng.choice(["bf16", "f16"]))
-    check_resources(WGMMA.space.sample(problem, rng))
+    return WGMMA.space.sample(problem, rng)
 
 
 # Producer warpgroups: ptxas (CUDA 13.0) registers at launch, and setmaxnreg's split
@@ -759,10 +764,7 @@ def test_named_persistent_configurations_compile_without_spills(name):
 @pytest.mark.parametrize("seed", range(6))
 def test_sampled_persistent_configurations_compile_without_spills(seed):
     rng = random.Random(100 + seed)
-    problem = Problem(*rng.choice([(2, 4), (8, 32), (16, 32), (4, 32), (1, 4), (16, 64)]),
-                      rng.choice([64, 128, 256]), ALayout.K_MAJOR, Arch.SM90,
-                      rng.choice(["bf16", "f16"]))
-    config = WGMMA.space.sample(problem, rng)
+    config = sample_config(rng)
     check_resources(config.replace(persistent=True,
                                    epilogue=rng.choice([None, "bias", "bias_gelu"])))
 

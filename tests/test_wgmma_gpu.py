@@ -152,11 +152,17 @@ WARP_SHAPES = [(1, 333, 4099, "none"), (17, 129, 3001, "odd"), (100, 200, 2500, 
 
 @pytest.mark.parametrize("name", WARP)
 def test_producer_warpgroup_on_odd_shapes_matches_float64(name, gpu_cases):
+    check_odd_shapes(name, WARP_SHAPES, gpu_cases)
+
+
+def check_odd_shapes(name: str, shapes: list, gpu_cases: dict[str, int]) -> None:
+    """``name`` on ``shapes`` (M, N, K, A's row padding) and five of its random shapes,
+    each against float64 of the rounded inputs, output poisoned."""
     config = WgmmaConfig.from_name(name)
     kernel = Kernel(config)
     rng = random.Random(SEED)
     wrong = []
-    for rows, cols, depth, pad in WARP_SHAPES + draw_shapes(rng, config)[:5]:
+    for rows, cols, depth, pad in shapes + draw_shapes(rng, config)[:5]:
         err = relative_error(kernel, np.random.default_rng(rng.randrange(1 << 31)), rows,
                              cols, depth, pad)
         gpu_cases["kernel_cases"] += 1
@@ -190,17 +196,7 @@ PERSISTENT_SHAPES = [(4097, 4100, 77, "none"), (3001, 2049, 700, "odd"),
 
 @pytest.mark.parametrize("name", PERSISTENT)
 def test_persistent_grid_on_odd_shapes_matches_float64(name, gpu_cases):
-    config = WgmmaConfig.from_name(name)
-    kernel = Kernel(config)
-    rng = random.Random(SEED)
-    wrong = []
-    for rows, cols, depth, pad in PERSISTENT_SHAPES + draw_shapes(rng, config)[:5]:
-        err = relative_error(kernel, np.random.default_rng(rng.randrange(1 << 31)), rows,
-                             cols, depth, pad)
-        gpu_cases["kernel_cases"] += 1
-        if not err < tolerance(config.dtype, depth):
-            wrong.append(f"M={rows} N={cols} K={depth} pad={pad}: {err:.3g}")
-    assert not wrong, f"{name}, seed {SEED}: {len(wrong)} wrong:\n" + "\n".join(wrong)
+    check_odd_shapes(name, PERSISTENT_SHAPES, gpu_cases)
 
 
 LARGE = [Problem(8, 32, 128, ALayout.K_MAJOR, dtype="bf16"),
