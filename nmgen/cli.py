@@ -80,21 +80,32 @@ def _check_tune_arguments(args: argparse.Namespace) -> None:
 
 def _tune(args: argparse.Namespace) -> int:
     from .store.database import database_url, default_url
-    from .tune.command import default_trials, device_list, tune_here, tune_on_devices
+    from .tune.command import (
+        default_trials,
+        device_list,
+        start_compile_pool,
+        tune_here,
+        tune_on_devices,
+    )
     from .tune.studies import check_storage, default_storage_url
 
     if args.trials is None:
         args.trials = default_trials(args.quick)
     _check_tune_arguments(args)
-    tasks = _tasks(args)
-    devices = device_list(args.devices)
-    workers = max(len(devices), args.worker_count)
-    db_url = database_url(args.db) if args.db else default_url()
-    storage_url = args.storage or default_storage_url(db_url)
-    check_storage(storage_url, workers)
-    if devices:
-        return tune_on_devices(args, devices, db_url, storage_url)
-    return tune_here(args, tasks, db_url, storage_url)
+    tasks = _tasks(args)  # may fork (the enumeration): before the pool's threads exist
+    pool = start_compile_pool(args)  # loading while CUDA starts and the first seeds rank
+    try:
+        devices = device_list(args.devices)
+        workers = max(len(devices), args.worker_count)
+        db_url = database_url(args.db) if args.db else default_url()
+        storage_url = args.storage or default_storage_url(db_url)
+        check_storage(storage_url, workers)
+        if devices:
+            return tune_on_devices(args, devices, db_url, storage_url)
+        return tune_here(args, tasks, db_url, storage_url, pool)
+    finally:
+        if pool is not None:
+            pool.close()
 
 
 def _show(args: argparse.Namespace) -> int:

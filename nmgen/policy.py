@@ -86,14 +86,15 @@ class RelatedRecord:
 
 
 def related_records(engine: Engine, key: ProblemKey, top: int = 3,
-                    status: str = TrialStatus.OK, any_cuda: bool = True
-                    ) -> list[RelatedRecord]:
+                    status: str = TrialStatus.OK, any_cuda: bool = True,
+                    other_patterns: bool = False) -> list[RelatedRecord]:
     """Every tuned problem of ``key``'s GPU, arch, family generator, dtype and A layout
-    (``key``'s pattern, vector length and shape aside): its winner (as
-    ``best_per_problem`` picks it) and its ``top - 1`` next fastest correct trials."""
+    (``key``'s pattern, vector length and shape aside; ``other_patterns``: only those of
+    another pattern or vector length): its winner (as ``best_per_problem`` picks it) and
+    its ``top - 1`` next fastest correct trials."""
     out = []
-    for (n, m, vec, shape), trials in sorted(family_times(engine, key, status, any_cuda)
-                                             .items()):
+    times = family_times(engine, key, status, any_cuda, other_patterns)
+    for (n, m, vec, shape), trials in sorted(times.items()):
         related = replace(key, n=n, m=m, vec=vec, rows=shape[0], cols=shape[1],
                           depth=shape[2])
         times = [(t, name) for t, name, _ in trials]

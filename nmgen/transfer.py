@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .calibration import Calibration
-from .families.base import Config, Family, model_ranker
+from .families.base import Config, Family, model_ranking
 from .gpus import GpuSpec
 from .policy import RelatedRecord
 from .problem import Problem
@@ -88,7 +88,7 @@ def model_guesses(family: Family, problem: Problem, shape: Shape, gpu: GpuSpec,
     where ``count`` is 0)."""
     if count <= 0:
         return []
-    ranked = [c for _, c in model_ranker(family, problem, gpu).rank(*shape)[:count]]
+    ranked = [c for _, c in model_ranking(family, problem, gpu, shape)[:count]]
     default = family.default_config(problem, gpu, shape)
     return list(dict.fromkeys(([default] if default is not None else []) + ranked))
 

@@ -123,17 +123,17 @@ PINNED = {
     ("mma", "configs"):
         "dd53d263f3d4236f805d6b1a0b1f47ac7eb4c9f839891bc9435c07e1854e44f2",
     ("mma", "model"):
-        "2c3aecf4a9cefa7fcdcf2381e9a43ee16800b78769bc5930cc1f2ddfba67fd33",
+        "5a960f7d817fc4f1bfbcd7b4055684fc797c3557e2afca69ef5e2b7262eeaadd",
     ("mma", "sources"):
         "abee781adff20f844541d35c67328208f94beaa0a7892c2d9fd9fa0e7b9a2986",
     ("mma", "weight"):
         "596111e9f03e4bae9b5df55b02ee9691a25fb9ac5752d0a0ad9995c9b7b0ca63",
     ("wgmma", "configs"):
-        "92d91b2d4e38386057a85e5834b4d5380a72e37ccd37eb0d34b270f7a4327909",
+        "cac860524acec1e08fb2d18da7f722b79e598a7607dd43aa0d9930cc7c901ae3",
     ("wgmma", "model"):
-        "7b9a0c259bdf47b3fce9d912691a5d89cd319a8c1352493efb584747b2df9fdb",
+        "4d104fe14cf5bb5412c53f44a3666284eca7a1d27d75a9a22eb6137f9fff732e",
     ("wgmma", "sources"):
-        "3cf041569fc1675511b5649e123cce9ab61a881cff31f183f12127a0dac5ba20",
+        "5755beb09d5691475382ab7172a99ef5de38e6dd0c121aafc27e9d8a1022aedc",
     ("wgmma", "weight"):
         "166cad218952c03e553995519f52f99db7976bf909f6777b4f220a89700b84e4",
 }

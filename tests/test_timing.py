@@ -122,6 +122,28 @@ def test_compile_ahead_once_a_kernel(tmp_path, monkeypatch):
         c.name for c in configs if c.stages == 2)  # failures compiled ahead are reported
 
 
+def test_processes_start_before_the_target_is_known(monkeypatch):
+    """A tuning worker starts its compile processes before it initialises CUDA: starting
+    and warming them asks nothing of the GPU (the target is asked at the first kernel and
+    sent with each); dry runs and the supervisor of --devices start none."""
+    import argparse
+
+    from nmgen.tune.command import start_compile_pool
+
+    asked = []
+    monkeypatch.setattr("nmgen.build.pool.compile_arch", lambda: asked.append(1) or "90")
+    with CompilePool(2, ahead_workers=1) as pool:  # NVRTC's
+        pool.start()
+        for executor in (pool._executor(), pool._ahead_executor()):
+            executor.submit(time.sleep, 0).result()  # started and warmed
+        assert asked == []
+        assert pool._arch == "90" and asked == [1]  # at the first kernel, once
+    args = argparse.Namespace(dry_run=True, devices=None, compile_workers=2, ahead_workers=1)
+    assert start_compile_pool(args) is None
+    assert start_compile_pool(argparse.Namespace(**{**vars(args), "dry_run": False,
+                                                    "devices": "0,1"})) is None
+
+
 def _locked_compile(config_json: str) -> str | None:
     """Stands in for NVRTC: holds the kernel's host lock (in the test's folder) for 0.3 s,
     burning CPU for the first 0.15 s of it."""
@@ -283,9 +305,12 @@ def test_ahead_processes_yield_the_cpu_to_the_batch(tmp_path, monkeypatch):
     assert int(nice[configs[1].name]) == int(nice[configs[2].name]) == base
 
 
-def _compile_in_pool(config_json: str) -> tuple[str | None, bool]:
-    """Runs in a compile process: nmgen's compile step, then whether it made a context."""
-    error = nvrtc.compile_one(config_json)
+def _compile_in_pool(arch: str | None, config_json: str) -> tuple[str | None, bool]:
+    """Runs in a compile process: a kernel's job as the pool sends it (the target with
+    it), then whether the process made a context."""
+    from nmgen.build.pool import _timed
+
+    error = _timed(nvrtc.compile_one, arch, config_json).error
     return error, nvrtc.has_cuda_context()
 
 
@@ -301,8 +326,11 @@ def test_compile_processes_fill_the_cache_without_a_cuda_context(tmp_path, monke
     monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
     configs = _configs()[:2]
     with CompilePool(2, ahead_workers=1) as pool:
-        results = [pool._executor().submit(_compile_in_pool, configs[0].to_json()).result(),
-                   pool._ahead_executor().submit(_compile_in_pool, configs[1].to_json()).result()]
+        pool.start()  # warmed up before the target is known
+        results = [pool._executor().submit(_compile_in_pool, pool._arch,
+                                           configs[0].to_json()).result(),
+                   pool._ahead_executor().submit(_compile_in_pool, pool._arch,
+                                                 configs[1].to_json()).result()]
     assert results == [(None, False), (None, False)]
     cached = sorted(tmp_path.glob("*.cubin"))
     assert len(cached) == 2

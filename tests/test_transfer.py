@@ -95,6 +95,9 @@ def test_related_records_list_every_pattern_winner_first(tuned):
     assert found[(16, 32, 32, SHAPE)].time_ms == 1.0
     k_major = key_of(F32_SIMT, 2, 4, 32, (1, 1, 1), layout="km")
     assert related_records(connect(tuned), k_major) == []
+    others = related_records(connect(tuned), key_of(F32_SIMT, 16, 32, 32, (1, 1, 1)),
+                             other_patterns=True)  # the 16:32 problems' own left out
+    assert [(r.n, r.m, r.vec, r.shape) for r in others] == [(4, 32, 32, SHAPE)]
 
 
 def test_related_records_follow_the_winner_rule(tmp_path):

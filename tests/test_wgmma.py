@@ -67,6 +67,41 @@ def test_a_producer_warpgroup_is_named_and_stored_only_where_it_is_one():
         WgmmaConfig.from_name("nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_ws_sm90a")
 
 
+PERSISTENT = CONFIG.replace(persistent=True)  # resident blocks walking tiles
+
+
+def test_a_persistent_grid_is_named_and_stored_only_where_it_is_one():
+    assert PERSISTENT.name == "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_p_km_sm90a"
+    assert PERSISTENT.walks_tiles and not CONFIG.walks_tiles
+    assert WgmmaConfig.from_name(PERSISTENT.name) == PERSISTENT
+    assert config_from_name(PERSISTENT.name) == PERSISTENT
+    assert config_from_dict(PERSISTENT.to_dict()) == PERSISTENT
+    assert WgmmaConfig.from_json(PERSISTENT.to_json()) == PERSISTENT
+    assert PERSISTENT.to_dict()["persistent"] is True and "persistent" not in CONFIG.to_dict()
+    assert config_from_dict({**CONFIG.to_dict(), "persistent": False}) == CONFIG
+    other = PERSISTENT.replace(dtype="f16", bn=64, bm=256, epilogue="bias_gelu", a_layout="rm")
+    assert other.name == "nm_wgmma_f16_n8m32l128_b256x64x64_g2_s4_p_rm_sm90a_bias_gelu"
+    assert config_from_name(other.name) == other
+    # with a producer warpgroup: _ws first
+    both = PERSISTENT.replace(producer="warp")
+    assert both.name == "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_ws_p_km_sm90a"
+    assert config_from_name(both.name) == both and config_from_dict(both.to_dict()) == both
+    assert both.smem_bytes == WARP.smem_bytes and both.threads == 384
+    with pytest.raises(nmgen.ConfigError, match="not a wgmma kernel name"):
+        WgmmaConfig.from_name("nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_p_ws_km_sm90a")
+
+
+def test_a_persistent_grid_is_searched_and_seeded_not_enumerated():
+    problem = Problem(8, 32, 128, ALayout.K_MAJOR, dtype="bf16")
+    assert True in WGMMA.space.choices(problem)["persistent"]
+    assert not any(c.persistent for c in WGMMA.seed_candidates(problem, WGMMA.space))
+    assert WGMMA.seed_variants(CONFIG, WGMMA.space) == [PERSISTENT]
+    assert WGMMA.refinements(CONFIG) == [PERSISTENT]
+    assert WGMMA.refinements(PERSISTENT) == []
+    assert WGMMA.refinements(WARP) == [WARP.replace(persistent=True)]
+    assert WGMMA.seed_variants(CONFIG, WGMMA.space.narrowed(persistent=(False,))) == []
+
+
 @pytest.mark.parametrize("change, rule", [
     (dict(dtype="f32"), "bf16 or f16"),
     (dict(arch="sm_80"), "arch sm_90"),
@@ -161,17 +196,20 @@ def test_space_enumerates_and_samples_valid_configurations(problem):
                for c in configs)
     assert all(c.smem_bytes <= c.arch.max_smem_per_block for c in configs)
     assert all(WGMMA.in_space(c, problem) for c in configs)
-    # every shared-copy configuration has its producer-warpgroup twin
+    # every shared-copy configuration has its producer-warpgroup twin; persistent grids
+    # are searched (below), not enumerated
     shared = {c.name for c in configs if c.producer is Producer.SHARED}
     assert {c.replace(producer="shared").name for c in configs if c.specialized} == shared
+    assert not any(c.persistent for c in configs)
     rng = random.Random(0)
-    drawn = set()
+    drawn, persistent = set(), set()
     for _ in range(40):
         config = WGMMA.space.sample(problem, rng)
         assert WGMMA.space.config(problem, WGMMA.space.values_of(config)) == config
         assert WgmmaConfig.from_name(config.name) == config
         drawn.add(config.producer)
-    assert drawn == set(Producer)
+        persistent.add(config.persistent)
+    assert drawn == set(Producer) and persistent == {False, True}
 
 
 def test_selftest_draws_producer_warpgroups_through_the_space():
@@ -247,6 +285,33 @@ def test_render_reads_as_the_configuration(dtype, bn):
     assert "mbarrier" not in code and code.count("__syncthreads()") == 1
 
 
+@pytest.mark.parametrize("epilogue", [None, "bias_silu"])
+def test_render_of_a_persistent_grid(epilogue):
+    config = PERSISTENT.replace(epilogue=epilogue)
+    code = nmgen.render(config).code
+    kernel = code.split('extern "C"')[1]
+    assert "//   persistent = True" in code and "// Persistent:" in code
+    assert "blockIdx.y" not in kernel and "gridDim.x" in kernel
+    # one stream of copies across tiles, one block barrier a stage, the epilogue a tile
+    assert "auto copy_stage = [&](int f)" in kernel and kernel.count("__syncthreads()") == 1
+    assert kernel.count("store_tile(") == 1 and kernel.count("clear(acc)") == 2
+    assert "wgmma_wait<0>();\n            const TileOrigin o" in kernel
+    assert "mbarrier" not in code and f"== {config.smem_bytes}" in code
+    assert ("epilogue(x0, bias, col)" in code) == bool(epilogue)
+    assert "store_tile" not in nmgen.render(CONFIG).code
+
+
+def test_render_of_a_persistent_producer_warpgroup():
+    config = PERSISTENT.replace(producer="warp", epilogue="bias")
+    kernel = nmgen.render(config).code.split('extern "C"')[1]
+    assert kernel.count("__syncthreads()") == 1 and kernel.count("mbar_init(") == 2
+    # the producer's stream crosses tiles; the MMA warps loop over tiles, then stages
+    assert "start_tile(copy, copy.tile + gridDim.x" in kernel
+    assert "for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x)" in kernel
+    assert kernel.count("store_tile(") == 1 and "epilogue(" not in kernel
+    assert kernel.index("wgmma_wait<0>();") < kernel.index("store_tile(")
+
+
 @pytest.mark.parametrize("a_vec_path", ["cp.async.mbarrier.arrive.noinc.shared::cta.b64",
                                         "cp.async.mbarrier.arrive.shared::cta.b64"])
 def test_render_of_a_producer_warpgroup(a_vec_path):
@@ -318,6 +383,37 @@ def test_plan_is_one_launch_over_row_and_column_blocks(lda, aligned, vec):
     assert launch.smem == WARP.smem_bytes == CONFIG.smem_bytes + 64
 
 
+@pytest.mark.parametrize("rows, cols, resident, grid", [
+    (300, 200, 1, 6),  # 3 x 2 tiles: one a block
+    (4096, 4096, 2, 264),  # 32 x 32 tiles on 132 SMs of two blocks each
+    (4096, 4096, 1, 132),
+    (1, 4096, 2, 32)])  # one row block
+def test_a_persistent_grid_is_the_resident_blocks_at_most_one_a_tile(rows, cols, resident,
+                                                                     grid):
+    weight = random_weight(np.random.default_rng(0), 8, 32, 128, 300, cols,
+                           dtype=nmgen.DType.BF16)
+    prepared = prepare(weight, PERSISTENT)
+    asked = []
+
+    def resident_blocks(entry: str, threads: int, smem: int) -> int:
+        asked.append((entry, threads, smem))
+        return resident
+
+    call = Call(rows, 304, True)
+    (launch,) = WGMMA.plan(PERSISTENT, prepared, weight.shape, call,
+                           Device(132, resident_blocks)).launches
+    assert launch.grid == (grid, 1, 1) and launch.entry == PERSISTENT.name
+    assert asked == [(PERSISTENT.name, 256, PERSISTENT.smem_bytes)]
+    # the arguments are the non-persistent kernel's: the tiles follow from M and ldv
+    (twin,) = WGMMA.plan(CONFIG, prepare(weight, CONFIG), weight.shape, call,
+                         DEVICE).launches
+    assert launch.args == twin.args and twin.grid[0] * twin.grid[1] >= grid
+    rm = PERSISTENT.replace(a_layout="rm")
+    transpose, main = WGMMA.plan(rm, prepare(weight, rm), weight.shape, call,
+                                 Device(132, resident_blocks)).launches
+    assert main.grid == (grid, 1, 1) and transpose.entry.endswith("_transpose")
+
+
 @pytest.mark.parametrize("lda, aligned, vec", [(400, True, 1), (401, True, 0),
                                                (402, True, 0), (400, False, 0)])
 def test_row_major_a_is_transposed_into_a_k_major_copy_first(lda, aligned, vec):
@@ -376,9 +472,8 @@ def test_a_producer_warpgroup_reads_row_major_a_through_the_same_copy():
         assert main.grid == their_main.grid
         assert main.threads == warp.threads == 384 and their_main.threads == 256
         assert main.smem == warp.smem_bytes == shared.smem_bytes + 64
-    # the model: the transpose on top of an estimate never below the shared twin's
+    # the model: the transpose before the kernel
     for shape in [(4096, 4096, 4096), (128, 11008, 4096)]:
-        assert estimate(warp, H100, *shape).time_ms >= estimate(shared, H100, *shape).time_ms
         assert (estimate(warp, H100, *shape).time_ms
                 > estimate(CONFIG.replace(producer="warp"), H100, *shape).time_ms)
 
@@ -397,16 +492,42 @@ def test_model_ranks_big_tiles_first_at_large_shapes_and_sparsity_pays():
     assert stage_mma_cycles(config, H100) > 0
 
 
-@pytest.mark.parametrize("problem", PROBLEMS[:4], ids=str)
-def test_model_never_ranks_a_producer_warpgroup_above_its_shared_twin(problem):
-    configs = WGMMA.seed_candidates(problem, WGMMA.space)
-    for shape in [(4096, 4096, 4096), (2048, 4096, 4096), (128, 11008, 4096), (1, 64, 64)]:
-        for config in configs:
-            if config.specialized:
-                twin = config.replace(producer="shared")
-                assert (estimate(config, H100, *shape).time_ms
-                        >= estimate(twin, H100, *shape).time_ms), (config.name, shape)
-        assert not WGMMA.default_config(problem, H100, shape).specialized
+# The bf16 tune of 8:32 row-major A on an H100 (results/untuned_h100/bf16/): its fastest
+# kernel at 1024 x 8192 x 8192, the fastest on 20 of its 32 shapes at L = 128 and 16 at L = 64.
+TUNED_FASTEST = {128: "nm_wgmma_bf16_n8m32l128_b128x128x64_g1_s3_ws_rm_sm90a",
+                 64: "nm_wgmma_bf16_n8m32l64_b128x64x32_g1_s4_rm_sm90a"}
+
+
+@pytest.mark.parametrize("vec", sorted(TUNED_FASTEST))
+def test_model_picks_the_tuned_fastest_kernel_of_the_bf16_tune(vec):
+    problem = Problem(8, 32, vec, ALayout.ROW_MAJOR, dtype="bf16")
+    assert WGMMA.default_config(problem, H100, (1024, 8192, 8192)).name == TUNED_FASTEST[vec]
+
+
+def test_model_lets_a_producer_warpgroup_hide_what_one_stage_ahead_exposes():
+    """Three stages of shared copies keep one in flight, so a block waits for each stage's
+    copies; a producer warpgroup keeps two in flight and runs them beside the wgmmas, but
+    reads each stage's row indices behind the SM's copies: it pays where stages are short."""
+    warp = WgmmaConfig.from_name(TUNED_FASTEST[128])
+    shared = warp.replace(producer="shared")
+    for shape in [(1024, 8192, 8192), (4096, 4096, 4096)]:
+        assert estimate(warp, H100, *shape).time_ms < estimate(shared, H100, *shape).time_ms
+    short = warp.replace(windows=2, stages=5)  # 16-row stages
+    assert (estimate(short, H100, 1024, 8192, 8192).time_ms
+            > estimate(short.replace(producer="shared"), H100, 1024, 8192, 8192).time_ms)
+
+
+def test_model_lets_a_persistent_grid_pay_the_fill_once_a_block():
+    """Past one round of resident blocks a persistent grid saves each later round's
+    pipeline fill (less a tile switch); within one round it is the grid of tiles."""
+    shape = (4096, 4096, 4096)  # 1,024 tiles on 264 resident blocks
+    twin = estimate(CONFIG, H100, *shape)
+    persistent = estimate(PERSISTENT, H100, *shape)
+    assert persistent.time_ms < twin.time_ms and persistent.blocks == twin.blocks
+    warp = WARP.replace(persistent=True)
+    assert estimate(warp, H100, *shape).time_ms < estimate(WARP, H100, *shape).time_ms
+    small = (256, 4096, 4096)  # 64 tiles
+    assert estimate(PERSISTENT, H100, *small).time_ms == estimate(CONFIG, H100, *small).time_ms
 
 
 def test_model_prefers_wgmma_to_mma_sync_on_k_major_prefill():
@@ -514,10 +635,15 @@ def test_named_configurations_compile_without_spills(name):
 @pytest.mark.parametrize("seed", range(6))
 def test_sampled_configurations_compile_without_spills(seed):
     rng = random.Random(seed)
+    check_resources(sample_config(rng))
+
+
+def sample_config(rng: random.Random) -> WgmmaConfig:
+    """A configuration of the space for a random K-major problem."""
     problem = Problem(*rng.choice([(2, 4), (8, 32), (16, 32), (4, 32), (1, 4), (16, 64)]),
                       rng.choice([64, 128, 256]), ALayout.K_MAJOR, Arch.SM90,
                       rng.choice(["bf16", "f16"]))
-    check_resources(WGMMA.space.sample(problem, rng))
+    return WGMMA.space.sample(problem, rng)
 
 
 # Producer warpgroups: ptxas (CUDA 13.0) registers at launch, and setmaxnreg's split
@@ -602,3 +728,48 @@ def test_the_kernel_is_hgmma_with_both_operands_transposed(tmp_path):
     hgmma = [line for line in sass.splitlines() if "HGMMA.64x128x16.F32.BF16" in line]
     assert len(hgmma) == CONFIG.bk // 16 * CONFIG.tiles_m
     assert all("tnspA.tnspB" in line for line in hgmma)
+
+
+# Persistent grids: ptxas (CUDA 13.0) registers, the non-persistent twin's after the slash
+NVCC_PERSISTENT = [
+    "nm_wgmma_bf16_n16m32l128_b128x128x32_g2_s4_p_km_sm90a",  # 114 / 108
+    "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_p_km_sm90a",  # 114 / 108
+    "nm_wgmma_bf16_n4m32l128_b128x128x32_g2_s4_p_km_sm90a",  # 114 / 108
+    "nm_wgmma_bf16_n8m32l128_b256x128x64_g2_s3_p_km_sm90a",  # 204 / 187: two m64 tiles
+    "nm_wgmma_bf16_n8m32l256_b128x256x64_g2_s3_p_km_sm90a",  # 192: n256
+    "nm_wgmma_f16_n8m32l128_b128x128x64_g1_s4_p_km_sm90a",  # 205
+    "nm_wgmma_f16_n2m4l64_b128x64x16_g2_s3_p_km_sm90a",  # 80
+    "nm_wgmma_bf16_n3m7l128_b64x128x48_g1_s3_p_km_sm90a",  # 127
+    "nm_wgmma_bf16_n16m64l128_b128x128x128_g2_s3_p_km_sm90a_bias_silu",  # 144
+    "nm_wgmma_bf16_n16m32l128_b256x128x32_g4_s4_p_km_sm90a",  # 114: four warpgroups
+    "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_p_rm_sm90a",  # 114: the K-major copy
+    # with a producer warpgroup (its twins' counts as NVCC_WARP's)
+    "nm_wgmma_bf16_n16m32l128_b128x128x32_g2_s4_ws_p_km_sm90a",  # 90 / 90
+    "nm_wgmma_bf16_n8m32l128_b256x128x64_g2_s4_ws_p_km_sm90a",  # 154 / 154
+    "nm_wgmma_bf16_n16m32l128_b128x128x32_g1_s4_ws_p_km_sm90a",  # 128 -> 56 / 200
+    "nm_wgmma_bf16_n16m32l64_b256x64x32_g2_s5_ws_p_km_sm90a",  # 80 -> 48 / 96
+    "nm_wgmma_f16_n2m4l64_b64x64x16_g1_s6_ws_p_km_sm90a_bias_silu",  # 61 / 58
+    "nm_wgmma_bf16_n16m64l128_b128x128x128_g2_s3_ws_p_km_sm90a_bias_gelu",  # 155 / 90
+    "nm_wgmma_f16_n16m32l128_b128x128x32_g1_s4_ws_p_rm_sm90a_bias_silu",  # 128 -> 56 / 200
+]
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", NVCC_PERSISTENT)
+def test_named_persistent_configurations_compile_without_spills(name):
+    check_resources(WgmmaConfig.from_name(name))
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("seed", range(6))
+def test_sampled_persistent_configurations_compile_without_spills(seed):
+    rng = random.Random(100 + seed)
+    config = sample_config(rng)
+    check_resources(config.replace(persistent=True,
+                                   epilogue=rng.choice([None, "bias", "bias_gelu"])))
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("index", range(0, 16, 3))
+def test_sampled_persistent_producer_warpgroups_compile_without_spills(index):
+    check_resources(warp_sample()[index].replace(persistent=True))

@@ -355,6 +355,40 @@ def test_journal_storage_uses_the_unsynced_file_with_its_flock(tmp_path):
     assert isinstance(backend, JournalFile) and isinstance(backend._lock, JournalFlock)
 
 
+def test_held_journal_writes_a_trials_records_in_one_append(tmp_path, monkeypatch):
+    """A trial's parameters and its result, held, reach the journal in one append each,
+    read back whole by a second storage; a block that raises still appends what it held;
+    creating a trial inside a block is written (and read back) at once."""
+    from nmgen.tune.studies import JournalFile, writes_held
+
+    appends: list[int] = []
+    real_append = JournalFile.append_logs
+    monkeypatch.setattr(JournalFile, "append_logs",
+                        lambda self, logs: appends.append(len(logs)) or real_append(self, logs))
+    url = f"journal:{tmp_path / 'journal'}"
+    study = optuna.create_study(study_name="s", storage=open_storage(url))
+    trial = study.ask()
+    appends.clear()
+    with writes_held(study._storage) as flush:
+        values = [trial.suggest_categorical(f"p{i}", [1, 2, 3]) for i in range(5)]
+        trial.set_user_attr("config", "c")
+        study.tell(trial, 1.0)
+        assert appends == []
+        flush()
+        assert appends == [7]
+    other = optuna.load_study(study_name="s", storage=open_storage(url))
+    (done,) = other.get_trials()
+    assert done.state == optuna.trial.TrialState.COMPLETE and done.value == 1.0
+    assert done.params == {f"p{i}": v for i, v in enumerate(values)}
+    assert done.user_attrs == {"config": "c"}
+    appends.clear()
+    with pytest.raises(RuntimeError), writes_held(study._storage):
+        study.ask().suggest_categorical("p0", [1, 2, 3])  # the new trial: written at once
+        raise RuntimeError("a failed measurement")
+    assert appends == [1, 1]
+    assert len(other.get_trials()[1].params) == 1
+
+
 def test_default_storage_is_a_journal_beside_sqlite_and_the_server_otherwise():
     assert default_storage_url("sqlite:////x/tuned.db") == "journal:/x/tuned.db.optuna-journal"
     url = "postgresql+psycopg://nmgen@127.0.0.1:54329/nmgen"
@@ -418,6 +452,40 @@ def test_a_study_left_alone_gets_its_batches_side_by_side(tmp_path, in_flight):
     assert (trials[16].datetime_start < trials[0].datetime_complete) == (in_flight == 3)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_study_is_confirmed_once_by_the_last_worker_out(tmp_path, monkeypatch, workers):
+    """Batches of one study side by side (three in one worker, or two workers): its
+    finalists are timed again by the batch that ends last, once, having seen every
+    record of the problem; a batch that ends while another runs leaves it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from nmgen.store.records import trials_of
+    from nmgen.tune.tuner import CONFIRMED_ATTR
+
+    confirmed: Counter = Counter()
+    real_confirm = Tuner.confirm
+    monkeypatch.setattr(Tuner, "confirm", lambda self, task, measurer, rows=None: (
+        confirmed.update([task.study_name]) or real_confirm(self, task, measurer, rows)))
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    journal = f"journal:{tmp_path / 'studies.journal'}"
+    task = task_of(64)
+    tuners = [Tuner(connect(url), open_storage(journal), trials=32, batch=8, dry_run=True,
+                    in_flight=3, log=lambda s: None) for _ in range(workers)]
+    with ThreadPoolExecutor(workers) as pool:
+        reports = list(pool.map(lambda i: run_worker(tuners[i], [task], index=i,
+                                                     count=workers, log=lambda s: None),
+                                range(workers)))
+    assert all(r.complete == 1 for r in reports)
+    study = optuna.load_study(study_name=tuners[0].study_name(task),
+                              storage=open_storage(journal))
+    records = trials_of(tuners[0].engine, tuners[0].problem_key(task))
+    assert study.user_attrs[CONFIRMED_ATTR] == len(records) > 0
+    if workers == 1:  # one thread: its batches end one after the other
+        assert confirmed[task.study_name] == 1
+    else:
+        assert 1 <= confirmed[task.study_name] <= 2  # two ending at once may both
+
+
 def test_seeds_left_waiting_in_a_full_study_are_given_back():
     """A seed enqueued once a study already had its trials is failed unmeasured (marked
     surplus); in a study still short of trials it stays for the next ask."""
@@ -468,6 +536,21 @@ def test_two_workers_rank_each_studys_seeds_once(tmp_path, monkeypatch):
         names = stored_seeds(study)
         assert names and enqueued == names
         assert [t.user_attrs["config"] for t in trials[:len(names)]] == names
+
+
+def test_a_worker_begins_untouched_studies_before_it_joins_another_workers(tmp_path):
+    """A study another worker has begun comes after every untouched one, wherever it is
+    in the walk; once none is untouched, the walk joins it."""
+    from nmgen.tune.workers import _walk
+
+    storage = open_storage(f"journal:{tmp_path / 'studies.journal'}")
+    tuner = Tuner(connect(f"sqlite:///{tmp_path / 'tuned.db'}"), storage, trials=8, batch=8,
+                  dry_run=True, log=lambda s: None)
+    tasks = [task_of(m) for m in (32, 64, 128)]
+    other = optuna.create_study(study_name=tuner.study_name(tasks[0]), storage=storage)
+    other.ask()  # begun elsewhere
+    walk = _walk(tuner, tasks, math.inf, time.monotonic(), lambda: set())
+    assert [next(walk)[0] for _ in range(3)] == [tasks[1], tasks[2], tasks[0]]
 
 
 def test_walk_order_pairs_start_at_both_ends_of_their_share():
@@ -678,6 +761,68 @@ def test_cross_check_share_gives_every_problem_to_one_worker():
     halves = [cross_check_share(small + large, i, 2) for i in range(2)]
     assert len(halves[0]) == 9 and len(halves[1]) == 3  # the large shapes cost more
     assert cross_check_share(small, 1, 2) == small[4:]
+
+
+def test_cross_check_order_takes_the_other_shares_from_their_ends():
+    from types import SimpleNamespace
+
+    from nmgen.tune.workers import cross_check_order, cross_check_share
+
+    tasks = [SimpleNamespace(shape=(256 * (i % 4 + 1), 2048, 2048)) for i in range(12)]
+    for count in (1, 2, 3, 4):
+        for index in range(count):
+            order = cross_check_order(tasks, index, count)
+            own = cross_check_share(tasks, index, count)
+            assert order[:len(own)] == own and sorted(map(id, order)) == sorted(map(id, tasks))
+            if count > 1:  # then the last problem of the next worker's share
+                assert order[len(own)] is cross_check_share(tasks, (index + 1) % count,
+                                                             count)[-1]
+
+
+def test_workers_cross_check_each_problem_once_whoever_finishes_first(tmp_path, monkeypatch):
+    """Two workers cross-checking at once, one of them starting late: each problem is
+    checked once, by the worker that claimed it; the early one takes the late one's
+    share from its end. Claims name the pass: a later pass (more trials) checks anew."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from nmgen.tune.workers import (
+        _cross_check,
+        _cross_check_claims,
+        cross_check_order,
+        cross_check_share,
+    )
+
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    journal = f"journal:{tmp_path / 'studies.journal'}"
+    tuners = [Tuner(connect(url), open_storage(journal), trials=8, batch=8, dry_run=True,
+                    log=lambda s: None) for _ in range(2)]
+    tasks = [task_of(m) for m in (32, 48, 64, 96, 128, 192, 256, 512)]
+    assert run_worker(tuners[0], tasks, log=lambda s: None).complete == len(tasks)
+    checked: list[tuple[int, int]] = []
+    real_cross_check = Tuner.cross_check
+
+    def cross_check(self, task, winners=None):
+        checked.append((tuners.index(self), task.rows))
+        time.sleep(0.1 if self is tuners[0] else 0.4)  # the second: slower
+        return real_cross_check(self, task, winners)
+
+    monkeypatch.setattr(Tuner, "cross_check", cross_check)
+
+    def check(i: int) -> None:
+        time.sleep(0.3 * i)  # the second starts late
+        claims = _cross_check_claims(tuners[i], tasks)
+        _cross_check(tuners[i], cross_check_order(tasks, i, 2), lambda s: None, claims)
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(check, range(2)))
+    assert sorted(rows for _, rows in checked) == sorted(t.rows for t in tasks)
+    by = Counter(i for i, _ in checked)
+    assert by[0] > len(cross_check_share(tasks, 0, 2)) and by[1] >= 1  # 0 took some of 1's
+    checked.clear()
+    tuners[0].trials = 16
+    assert run_worker(tuners[0], tasks, log=lambda s: None).complete == len(tasks)
+    _cross_check(tuners[0], tasks, lambda s: None, _cross_check_claims(tuners[0], tasks))
+    assert len(checked) == len(tasks)
 
 
 def test_a_workers_cross_check_reads_every_winner_once(tmp_path, monkeypatch):

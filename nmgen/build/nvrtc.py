@@ -172,13 +172,17 @@ def _cache_only(arch: str) -> bool:
     return True
 
 
-def start_compile_process(niceness: int, arch: str | None) -> None:
-    """Initializer of a compile process: a lower CPU priority where asked (``AHEAD_NICE``),
-    and no CUDA context where the target is known (``_cache_only``)."""
+@functools.cache
+def cache_only(arch: str) -> bool:
+    """``_cache_only`` once a process: each kernel's job brings the target (``pool``),
+    as the processes start before the worker has asked its GPU for it."""
+    return _cache_only(arch)
+
+
+def start_compile_process(niceness: int) -> None:
+    """Initializer of a compile process: a lower CPU priority where asked (``AHEAD_NICE``)."""
     if niceness:
         os.nice(niceness)
-    if arch is not None:
-        _cache_only(arch)
 
 
 def has_cuda_context() -> bool:
@@ -196,10 +200,20 @@ _WARM_SOURCE = 'extern "C" __global__ void nmgen_warm() {}'
 
 def warm() -> None:
     """Worker: pay a process's one-time costs now, beside the tuner's own set-up, instead of
-    in its first kernel: loading CuPy and NVRTC and the CUDA driver (on an H100, the first
-    compile of 16 fresh processes took ~2 s longer than the next, and their first CUDA call
-    up to 2.2 s when all 16 made it at once: docs/engineering-notes.md §9-10)."""
+    in its first kernel: loading CuPy, its compiler and NVRTC, and NVRTC's first compile
+    (on an H100, the first compile of 16 fresh processes took ~2 s longer than the next:
+    docs/engineering-notes.md §9-10). NVRTC compiles for its default target: the GPU's is
+    not known yet, and asking CuPy would make a CUDA context here (``_cache_only``)."""
     try:
-        compile_module(_WARM_SOURCE).compile()
-    except RuntimeError:  # no CuPy: the CPU tests' fake compilers need none
+        cupy()
+        from cupy.cuda import compiler  # noqa: F401  (CuPy's compile-and-cache step)
+        from cupy_backends.cuda.libs import nvrtc
+    except (RuntimeError, ImportError):  # no CuPy: the CPU tests' fake compilers need none
         return
+    program = nvrtc.createProgram(_WARM_SOURCE, "warm.cu", (), ())
+    try:
+        nvrtc.compileProgram(program, NVRTC_OPTIONS)
+    except nvrtc.NVRTCError:  # only a cold first kernel: nothing else depends on it
+        pass
+    finally:
+        nvrtc.destroyProgram(program)

@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from typing import Any
 
-from .nvrtc import compile_arch, compile_one, lock_wait_seconds, start_compile_process, warm
+from .nvrtc import (
+    cache_only,
+    compile_arch,
+    compile_one,
+    lock_wait_seconds,
+    start_compile_process,
+    warm,
+)
 
 # Niceness of the processes that compile ahead: what a batch waits for comes first; the
 # seeds of later studies fill the idle cores (two workers on two H200s share 32 CPUs; a
@@ -36,8 +43,12 @@ class CompileTime:
     lock_wait_s: float  # waiting for another process compiling the same kernel
 
 
-def _timed(compile_one: Callable[[str], str | None], config_json: str) -> CompileTime:
-    """Worker: ``compile_one`` with its CPU, wall and lock-wait time."""
+def _timed(compile_one: Callable[[str], str | None], arch: str | None,
+           config_json: str) -> CompileTime:
+    """Worker: ``compile_one`` with its CPU, wall and lock-wait time; for the target
+    ``arch`` where NVRTC compiles (``nvrtc.cache_only``: no CUDA context here)."""
+    if arch is not None:
+        cache_only(arch)
     lock_wait, cpu, wall = lock_wait_seconds(), time.process_time(), time.perf_counter()
     error = compile_one(config_json)
     return CompileTime(error, time.process_time() - cpu, time.perf_counter() - wall,
@@ -157,18 +168,20 @@ class CompilePool:
             jobs.append((config.name, future))
         return CompileBatch(jobs + waiting)
 
-    def _submit(self, timed: Callable[[str], CompileTime], config: Any) -> Future:
-        if self.workers <= 1:  # no processes: compiled here, before this returns
+    def _submit(self, timed: Callable[[str | None, str], CompileTime], config: Any) -> Future:
+        if self.workers <= 1:  # no processes: compiled here (CuPy as it is), at once
             future: Future = Future()
-            future.set_result(timed(config.to_json()))
+            future.set_result(timed(None, config.to_json()))
         else:
-            future = self._executor().submit(timed, config.to_json())
+            future = self._executor().submit(timed, self._arch, config.to_json())
         future.add_done_callback(_count_in(self.batch_stats))
         return future
 
     def start(self) -> None:
-        """Start every process now (each loads CuPy, seconds), so that this overlaps with
-        the caller's own set-up instead of delaying the first batch."""
+        """Start every process now (each loads CuPy and NVRTC, seconds), so that this
+        overlaps with the caller's own set-up instead of delaying the first batch. Nothing
+        asks the GPU here: a worker starts its processes before it initialises CUDA
+        (``tune.command.start_compile_pool``)."""
         for count, executor in ((self.workers, self._executor()),
                                 (self.ahead_workers, self._ahead_executor())):
             for _ in range(count if executor is not None else 0):
@@ -183,7 +196,7 @@ class CompilePool:
         new = [c for c in dict.fromkeys(configs)
                if c.name not in self._ahead and c.name not in self._batches]
         for config in new:
-            future = pool.submit(_timed, self.compile_one, config.to_json())
+            future = pool.submit(_timed, self.compile_one, self._arch, config.to_json())
             future.add_done_callback(_count_in(self.ahead_stats))
             self._ahead[config.name] = future
         return len(new)
@@ -195,20 +208,21 @@ class CompilePool:
             self._ahead_pool = ProcessPoolExecutor(self.ahead_workers,
                                                    mp_context=get_context("spawn"),
                                                    initializer=start_compile_process,
-                                                   initargs=(AHEAD_NICE, self._arch))
+                                                   initargs=(AHEAD_NICE,))
         return self._ahead_pool
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(self.workers, mp_context=get_context("spawn"),
                                              initializer=start_compile_process,
-                                             initargs=(0, self._arch))
+                                             initargs=(0,))
         return self._pool
 
     @functools.cached_property
     def _arch(self) -> str | None:
-        """The compile target, asked once here (a compile process asking would make a
-        CUDA context of its own); only NVRTC compiles need it."""
+        """The compile target, asked once here at the first kernel (a compile process
+        asking would make a CUDA context of its own) and sent with each; only NVRTC
+        compiles need it."""
         return compile_arch() if self.compile_one is compile_one else None
 
     def close(self) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -182,16 +182,20 @@ def shape_times(engine: Engine, key: ProblemKey, status: str, any_cuda: bool = F
 Related = tuple[int, int, int, tuple[int, int, int]]
 
 
-def family_times(engine: Engine, key: ProblemKey, status: str, any_cuda: bool = False
+def family_times(engine: Engine, key: ProblemKey, status: str, any_cuda: bool = False,
+                 other_patterns: bool = False
                  ) -> dict[Related, list[tuple[float, str, dict]]]:
     """For every problem of ``key``'s GPU, arch, family generator, dtype and A layout,
     whatever its pattern, vector length and shape, by ``(n, m, vec, shape)``: the (time,
-    name, parameters) of its trials of ``status``; ``any_cuda`` as in ``shape_times``."""
+    name, parameters) of its trials of ``status``; ``any_cuda`` as in ``shape_times``;
+    ``other_patterns``: only problems of another pattern or vector length than ``key``'s."""
+    others = (or_(ProblemRow.n != key.n, ProblemRow.m != key.m, ProblemRow.vec != key.vec),
+              ) if other_patterns else ()
     stmt = (select(ProblemRow.n, ProblemRow.m, ProblemRow.vec, ProblemRow.rows,
                    ProblemRow.cols, ProblemRow.depth, TrialRow.time_ms, ConfigRow.name,
                    ConfigRow.params, GpuRow.cuda_version)
             .join(TrialRow.problem).join(ProblemRow.gpu).join(TrialRow.config_row)
-            .where(*_family_filter(key, any_cuda), TrialRow.status == status))
+            .where(*_family_filter(key, any_cuda), *others, TrialRow.status == status))
     runtimes: dict[Related, dict[int, list]] = {}
     with Session(engine) as session:
         for n, m, vec, rows, cols, depth, time_ms, name, params, cuda in session.execute(stmt):

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..build.pool import CompilePool
 from ..families.registry import config_from_dict
 from ..progress import Progress
 from ..store.database import connect, database_url, shipped_db
@@ -112,7 +113,31 @@ def tune_on_devices(args: argparse.Namespace, devices: list[str], db_url: str,
     return code
 
 
-def tune_here(args: argparse.Namespace, tasks: list, db_url: str, storage_url: str) -> int:
+def compile_processes(args: argparse.Namespace) -> tuple[int, int]:
+    """How many compile processes a worker has: for the batches timed next, and for the
+    next studies' seeds (``--compile-workers``, ``--ahead-workers``, else the defaults)."""
+    workers = Tuner.workers if args.compile_workers is None else args.compile_workers
+    ahead = default_ahead_workers(workers) if args.ahead_workers is None else args.ahead_workers
+    return workers, ahead
+
+
+def start_compile_pool(args: argparse.Namespace) -> CompilePool | None:
+    """The compile processes of a worker that compiles (not a dry run, not the supervisor
+    of ``--devices``), started as soon as it has its problems: they spawn and load CuPy
+    and NVRTC (seconds) while this process initialises CUDA and ranks its first studies'
+    seeds, instead of from when it queues those. Each of four workers on one host took
+    ~4 s from that point to its first study, one alone 1.9 s (docs/engineering-notes.md
+    §10)."""
+    if args.dry_run or args.devices:
+        return None
+    pool = CompilePool(*compile_processes(args))
+    pool.start()
+    return pool
+
+
+def tune_here(args: argparse.Namespace, tasks: list, db_url: str, storage_url: str,
+              pool: CompilePool | None = None) -> int:
+    """This process's worker; ``pool``: its compile processes, started already."""
     if not args.dry_run:
         from ..gpus import check_device
         from ..runtime.device import device_info
@@ -120,14 +145,14 @@ def tune_here(args: argparse.Namespace, tasks: list, db_url: str, storage_url: s
         info = device_info()
         check_device(tasks[0].gpu, info.name, info.sms, info.major, info.minor)
     prefix = f"[worker {args.worker_index}] " if args.worker_count > 1 else ""
-    workers = Tuner.workers if args.compile_workers is None else args.compile_workers
-    ahead = default_ahead_workers(workers) if args.ahead_workers is None else args.ahead_workers
+    workers, ahead = compile_processes(args)
     tuner = Tuner(connect(db_url), open_storage(storage_url), trials=args.trials,
-                  dry_run=args.dry_run, seed=args.worker_index, workers=workers,
+                  dry_run=args.dry_run, workers=workers,
                   ahead_workers=0 if args.dry_run else ahead,
                   in_flight=args.in_flight or Tuner.in_flight,
                   log=lambda s: print(prefix + s, file=sys.stderr, flush=True),
-                  transfer_engines=transfer_engines(db_url), **tuner_options(args.quick))
+                  transfer_engines=transfer_engines(db_url), _compile_pool=pool,
+                  **tuner_options(args.quick))
     done = [t for t in tasks if tuner.open_work(t)[0] >= tuner.trials]
     if len(done) == len(tasks):
         print(f"{prefix}all {len(tasks)} problems already have their {tuner.trials} trials in "

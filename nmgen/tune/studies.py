@@ -28,9 +28,10 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from typing import Any
 
 import optuna
 from optuna.storages import (
@@ -41,6 +42,7 @@ from optuna.storages import (
 )
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+from optuna.storages.journal._storage import JournalOperation
 from optuna.trial import TrialState
 
 from ..store.database import retry_on_race
@@ -121,7 +123,7 @@ def check_storage(url: str, workers: int) -> None:
 def open_storage(url: str, heartbeat_s: int = HEARTBEAT_S,
                  grace_s: int = GRACE_S) -> BaseStorage:
     if url.startswith(JOURNAL_PREFIX):
-        return JournalStorage(JournalFile(url[len(JOURNAL_PREFIX):]))
+        return HeldJournalStorage(JournalFile(url[len(JOURNAL_PREFIX):]))
     if is_sqlite(url):  # one writer: no heartbeats needed
         return RDBStorage(url)
     def rdb() -> RDBStorage:
@@ -183,6 +185,93 @@ class JournalFile(JournalFileBackend):
                 f.write(text.encode("utf-8"))
         finally:
             self._lock.release()
+
+
+# Records a block may hold back (``HeldJournalStorage.held``): none that the storage must
+# read back before it answers (a new study or trial's id, a trial taken to run).
+_HOLDABLE = (JournalOperation.SET_TRIAL_PARAM, JournalOperation.SET_TRIAL_USER_ATTR,
+             JournalOperation.SET_TRIAL_SYSTEM_ATTR)
+
+
+class HeldJournalStorage(JournalStorage):
+    """Optuna's journal storage, whose records a block may hold back and append at once
+    (``held``). Optuna appends a record for each parameter a trial suggests and each of
+    its attributes, every one under the journal's lock and read back: 13 parameters and
+    5 records of a result a trial, ~80,000 appends for 100 studies of 40 trials, each
+    the lock taken once more by workers sharing the journal. Held, a trial's parameters
+    are one append and its result another. The other workers see them a little later
+    (as they would see a slower worker's); a worker killed inside a block loses its held
+    records, as it would have lost those it had not reached: its trial is still running
+    in the journal and is failed and redone as any dead worker's (``fail_dead``)."""
+
+    def __init__(self, backend: JournalFileBackend) -> None:
+        self._held = threading.local()  # before Optuna's first read of the journal
+        super().__init__(backend)
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        del state["_held"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self._held = threading.local()
+        super().__setstate__(state)
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold this thread's records back until the block ends (or ``flush``), then
+        append them at once; also when it raises: what was written stays written."""
+        if getattr(self._held, "logs", None) is not None:  # nested: the outer block appends
+            yield
+            return
+        self._held.logs = []
+        try:
+            yield
+        finally:
+            self.flush()
+            self._held.logs = None
+
+    def flush(self) -> None:
+        """Append the records held so far (the block goes on holding)."""
+        logs = getattr(self._held, "logs", None)
+        self._held.unsynced = False
+        if logs:
+            with self._thread_lock:
+                self._backend.append_logs(logs)
+                logs.clear()
+                self._sync_with_backend()
+
+    def _write_log(self, op_code: int, extra_fields: dict[str, Any]) -> None:
+        logs = getattr(self._held, "logs", None)
+        finished = (op_code == JournalOperation.SET_TRIAL_STATE_VALUES
+                    and TrialState(extra_fields["state"]).is_finished())
+        if logs is None or not (op_code in _HOLDABLE or finished):
+            if logs:  # an answer read back from the journal: what is held goes first
+                self._backend.append_logs(logs)
+                logs.clear()
+            super()._write_log(op_code, extra_fields)
+            return
+        logs.append({"op_code": op_code, "worker_id": self._replay_result.worker_id,
+                     **extra_fields})
+        self._held.unsynced = True  # the read-back that follows the write: none
+
+    def _sync_with_backend(self) -> None:
+        if getattr(self._held, "unsynced", False):
+            self._held.unsynced = False
+            return
+        super()._sync_with_backend()
+
+
+@contextmanager
+def writes_held(storage: BaseStorage) -> Iterator[Callable[[], None]]:
+    """``HeldJournalStorage.held`` on a journal storage, giving its ``flush``; nothing
+    held on others (a database server's storage writes each in a transaction of its
+    own)."""
+    if isinstance(storage, HeldJournalStorage):
+        with storage.held():
+            yield storage.flush
+    else:
+        yield lambda: None
 
 
 def uses_heartbeats(storage: BaseStorage) -> bool:
@@ -258,6 +347,17 @@ def open_study(name: str, storage: BaseStorage | str, sampler: optuna.samplers.B
                                    direction="minimize"), True
     except optuna.exceptions.DuplicatedStudyError:
         return optuna.load_study(study_name=name, storage=storage, sampler=sampler), False
+
+
+def claim(storage: BaseStorage | str, name: str) -> bool:
+    """Whether this call is the first to claim ``name``: it creates an empty study of
+    that name (of workers creating one at once exactly one does, as in ``open_study``)."""
+    try:
+        optuna.create_study(study_name=name, storage=storage,
+                            sampler=optuna.samplers.RandomSampler())
+    except optuna.exceptions.DuplicatedStudyError:
+        return False
+    return True
 
 
 def seed_study(study: optuna.Study, params: Sequence[dict], names: Sequence[str]) -> None:

@@ -58,6 +58,8 @@ FINAL_BUDGET_MS = 200.0  # GPU time a confirmation aims at: big problems get few
 # where it came this near the best (timing noise is 1-4 %): the cross-check's timings
 # were 0.2 s of its 0.43 s a problem.
 CONFIRM_MARGIN = 0.05
+CONFIRMED_ATTR = "confirmed_records"  # a study's user attribute: its problem's records
+# when its finalists were last timed again (``Tuner._confirm_once``)
 AHEAD_STUDIES = 3  # studies whose seeds compile ahead, in the spare processes
 
 
@@ -197,6 +199,10 @@ class Tuner:
     # wall on the H100 (docs/engineering-notes.md §9); more gained nothing.
     in_flight: int = 8
     dry_run: bool = False
+    # The samplers' seed: the same in every worker of a tune, so that each study draws as
+    # it would in one worker and studies of related shapes suggest the same kernels. With
+    # a seed a worker, four dry-run workers asked for 241 distinct configurations against
+    # 194 alone, 179-188 with one seed (docs/engineering-notes.md §10): kernels to compile.
     seed: int = 0
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)
     model_seed_count: int = SEEDS_FROM_MODEL  # the model's best guesses a study starts from
@@ -254,9 +260,7 @@ class Tuner:
             batches += 1
             yield from self._run_batch(study, task, measurer, wanted, statuses, phases)
         measured = statuses.get(TrialStatus.OK, 0) + statuses.get(TrialStatus.MODEL, 0)
-        if measured:  # new results here: the finalists may have changed
-            with phases("confirm"):
-                self.confirm(task, measurer)
+        self._confirm_once(study, task, measurer, measured, phases)
         data_s = getattr(measurer, "data_s", 0.0)  # measured inside the first measurement
         if data_s:
             phases.add("measure", -data_s)
@@ -362,12 +366,36 @@ class Tuner:
             return None
         return [c for c in map(task.family.config_from_name, names) if c is not None]
 
-    def confirm(self, task: TuneTask, measurer) -> dict[str, float]:
+    def _confirm_once(self, study: optuna.Study, task: TuneTask, measurer, measured: int,
+                      phases: Phases) -> None:
+        """Time the finalists again (``confirm``) once a study's batches are over, by the
+        last worker out: none of the study's trials is running elsewhere (this worker's
+        are told), and this worker, or another that left it to this one, measured since
+        the last confirmation (the study's ``CONFIRMED_ATTR``: its problem's records
+        then). Every worker that added a batch to a study confirmed before: 126
+        confirmations for 100 studies on four GPUs, 24 s against 16.5 s on one
+        (docs/engineering-notes.md §10). A worker that ends while another's trials still
+        run leaves it to that one, which tells its trials before it looks, so that of two
+        ending together at least one sees the other's told."""
+        with phases("optuna"):
+            if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+                return
+            confirmed = study.user_attrs.get(CONFIRMED_ATTR, 0)
+        with phases("confirm"):
+            rows = trials_of(self.engine, measurer.key)
+            if measured or len(rows) > confirmed:
+                self.confirm(task, measurer, rows)
+                study.set_user_attr(CONFIRMED_ATTR, len(rows))
+
+    def confirm(self, task: TuneTask, measurer, rows: Sequence[Any] | None = None
+                ) -> dict[str, float]:
         """Time the problem's ``finalists`` fastest correct configurations and the reference
         kernel again, ``FINAL_ROUNDS`` times in turns, and store the medians: the winner is
-        then read from these fairer times. Returns them."""
+        then read from these fairer times. Returns them. ``rows``: the problem's records,
+        where read already."""
+        rows = trials_of(self.engine, measurer.key) if rows is None else rows
         good = sorted((row.time_ms, row.config_row.name, row.config_row.params)
-                      for row in trials_of(self.engine, measurer.key) if row.status in GOOD)
+                      for row in rows if row.status in GOOD)
         finalists = {name: params for _, name, params in good[:self.finalists]}
         reference = task.family.reference_config(task.problem)
         if reference is not None:
@@ -389,7 +417,7 @@ class Tuner:
 
     def _run_batch(self, study: optuna.Study, task: TuneTask, measurer, wanted: int,
                    statuses: dict[str, int], phases: Phases) -> Generator[Any, None, None]:
-        from .studies import ask, heartbeat
+        from .studies import ask, heartbeat, writes_held
 
         with phases("optuna"):
             asked = [ask(study) for _ in range(wanted)]
@@ -397,7 +425,10 @@ class Tuner:
             with phases("optuna"):
                 for trial in self._give_back_surplus(study, asked):
                     asked.remove(trial)
-                configs = [suggest_config(t, task) for t in asked]
+                configs = []
+                for trial in asked:  # each trial's parameters in the storage before the next
+                    with writes_held(study._storage):  # samples (its sampler sees them)
+                        configs.append(suggest_config(trial, task))
             with phases("measure"):
                 known = self._known(measurer.key)
             fresh = {c.name: c for c in configs if c is not None and c.name not in known
@@ -407,15 +438,18 @@ class Tuner:
             yield compiling
             with phases("compile"):  # what is left of it once the other studies had a turn
                 measurer.take(compiling)
-            for trial, config in zip(asked, configs, strict=True):
-                with phases("measure"):
-                    status, value, violation = self._outcome(task, measurer, config, known)
-                statuses[status] = statuses.get(status, 0) + 1
+            with writes_held(study._storage) as flush:  # the batch's results: one append
+                for trial, config in zip(asked, configs, strict=True):
+                    with phases("measure"):
+                        status, value, violation = self._outcome(task, measurer, config, known)
+                    statuses[status] = statuses.get(status, 0) + 1
+                    with phases("optuna"):
+                        if config is not None:
+                            trial.set_user_attr("config", config.name)
+                            trial.set_user_attr("status", status)
+                        _tell(study, trial, value, violation)
                 with phases("optuna"):
-                    if config is not None:
-                        trial.set_user_attr("config", config.name)
-                        trial.set_user_attr("status", status)
-                    _tell(study, trial, value, violation)
+                    flush()
 
     def _outcome(self, task: TuneTask, measurer, config: Config | None,
                  known: dict[str, tuple[str, float]]) -> tuple[str, float, float]:
@@ -507,7 +541,7 @@ class Tuner:
         if self.transfer_seed_count <= 0:
             return []
         records = self._related_records(task, key)
-        if not any((r.n, r.m, r.vec) != (key.n, key.m, key.vec) for r in records):
+        if not records:
             return []
         gpu_key = replace(key, gpu=task.gpu.name)
         calibration = shipped_calibration(task.family, gpu_key, task.gpu)
@@ -517,20 +551,26 @@ class Tuner:
                 and task.space.contains(c.config)][:self.transfer_seed_count]
 
     def _related_records(self, task: TuneTask, key: ProblemKey) -> list[RelatedRecord]:
-        """Tuned problems of ``task``'s family, dtype and A layout: this database's (a dry
-        run's estimates in a dry run), then those of ``transfer_engines`` (measured, on
-        ``task``'s GPU) that it lacks."""
+        """Tuned problems of ``task``'s family, dtype and A layout and another pattern or
+        vector length (those a transfer adapts): this database's (a dry run's estimates in
+        a dry run), then those of ``transfer_engines`` (measured, on ``task``'s GPU) that
+        it lacks. This database's problems of ``task``'s pattern are not read: the tune
+        fills them, and reading their trials twice a study took 30 ms a study by the end
+        of a 100-shape dry run, 3 of its 20 s."""
         status = self.status
         found = {(r.n, r.m, r.vec, r.shape): r
-                 for r in related_records(self.engine, key, status=status)}
+                 for r in related_records(self.engine, key, status=status,
+                                          other_patterns=True)}
         other_key = replace(key, gpu=task.gpu.name)
         cache_key = (other_key.gpu, other_key.arch, other_key.template_hash, other_key.dtype,
                      other_key.a_layout)
         if cache_key not in self._related:
             self._related[cache_key] = [r for engine in self.transfer_engines
                                         for r in related_records(engine, other_key)]
+        own = (key.n, key.m, key.vec)
         for record in self._related[cache_key]:
-            found.setdefault((record.n, record.m, record.vec, record.shape), record)
+            if (record.n, record.m, record.vec) != own:
+                found.setdefault((record.n, record.m, record.vec, record.shape), record)
         return list(found.values())
 
     def neighbours(self, task: TuneTask, key: ProblemKey) -> list[Config]:

@@ -11,6 +11,7 @@ redone, and saying every ``WAIT_LOG_S`` whose trials it waits for.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import socket
@@ -28,6 +29,7 @@ from .studies import fail_dead, fail_orphans, give_back_waiting, open_storage, o
 from .task import TuneTask
 from .tuner import AHEAD_STUDIES, Phases, Tuner, TuneReport
 
+CROSS_CHECK_CLAIM = "nmgen-cross-check"  # the studies that claim a problem's cross-check
 POLL_S = 0.5  # a waiting worker looks again this often
 RECLAIM_S = 2.0  # ... and for dead workers' running trials this often
 WAIT_LOG_S = 10.0  # ... and says what it waits for this often
@@ -86,9 +88,9 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
         begun = time.monotonic()
         with phases("ahead"):
             queued = tuner.compile_ahead(upcoming)
-        if not started_ahead and queued:  # the first call also starts the processes
+        if not started_ahead and queued:  # the first call ranks the first studies' seeds
             started_ahead = True
-            log(f"compile processes started and {queued} kernels queued ahead in "
+            log(f"{queued} kernels queued ahead of the first studies in "
                 f"{time.monotonic() - begun:.1f} s")
         log(f"[{tasks.index(task) + 1}/{len(tasks)}] {tuner.study_name(task)} "
             f"({progress}, {time.monotonic() - start:.0f} s)")
@@ -151,7 +153,8 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
             _give_back_seeds(tuner, [t for t in order if t not in unfinished])
             if not unfinished and not tuner.dry_run and tuner.cross_checks:
                 with phases("cross-check"):
-                    _cross_check(tuner, cross_check_share(tasks, index, count), log)
+                    claim = _cross_check_claims(tuner, tasks) if count > 1 else None
+                    _cross_check(tuner, cross_check_order(tasks, index, count), log, claim)
             return WorkerReport(len(worked), len(tasks) - len(unfinished), len(tasks),
                                 time.monotonic() - start, phases)
         now = time.monotonic()
@@ -202,17 +205,19 @@ def _waiting_line(waiting: _Waiting, now: float) -> str:
 
 def _walk(tuner: Tuner, order: Sequence[TuneTask], time_budget_s: float, start: float,
           busy: Callable[[], set[str]]) -> Iterator[Pick | None]:
-    """The studies to work on, in passes over ``order``: the next one open (short of
-    trials, not among ``busy()``, the names of those under way here) or ``None`` at the
-    end of a pass, to be asked again once something changed. Under a time budget a first
-    pass gives every untouched study one batch before any gets a second, so that a tight
-    budget tunes every shape a little, not some shapes well."""
+    """The studies to work on: the next in ``order`` that no worker has begun, while there
+    is one; then, in passes over ``order``, the next one open (short of trials, not among
+    ``busy()``, the names of those under way here) or ``None`` at the end of a pass, to
+    be asked again once something changed. Under a time budget a first pass gives every
+    untouched study one batch before any gets a second, so that a tight budget tunes
+    every shape a little, not some shapes well."""
     if math.isfinite(time_budget_s):
         for i, task in enumerate(order):
             if time.monotonic() - start >= time_budget_s:
                 break
             if task.study_name not in busy() and _unasked(tuner, task) == tuner.trials:
                 yield task, 0.0, f"first pass {i + 1}/{len(order)}", order[i:i + 1 + AHEAD_STUDIES]
+    yield from _untouched(tuner, order, time_budget_s, start)
     while True:
         here = busy()
         open_tasks = [t for t in order if t.study_name not in here and _unasked(tuner, t) > 0]
@@ -228,6 +233,28 @@ def _walk(tuner: Tuner, order: Sequence[TuneTask], time_budget_s: float, start: 
                           open_tasks[i - 1:i + AHEAD_STUDIES])
         yield from _joins(tuner, order, time_budget_s, start, busy)
         yield None
+
+
+def _untouched(tuner: Tuner, order: Sequence[TuneTask], time_budget_s: float, start: float
+               ) -> Iterator[Pick]:
+    """The studies of ``order`` that no worker has asked a trial of yet, in order, each
+    looked at once, when the walk reaches it (a study begun stays begun). Workers join
+    each other's studies only once none is left untouched: a worker that joins a study
+    makes its problem's data too, and four GPUs' workers joined 33 of 100 studies (143
+    data makes), beginning while 13 studies were still untouched
+    (docs/engineering-notes.md §10)."""
+    begun = 0
+    for i, task in enumerate(order):
+        left = time_budget_s - (time.monotonic() - start)
+        if left <= 0:
+            return
+        if _unasked(tuner, task) < tuner.trials:
+            begun += 1
+            continue
+        untouched = len(order) - begun
+        begun += 1
+        yield (task, left / untouched, f"{len(order) - untouched} of {len(order)} begun",
+               order[i:i + 1 + AHEAD_STUDIES])
 
 
 def _joins(tuner: Tuner, order: Sequence[TuneTask], time_budget_s: float, start: float,
@@ -278,7 +305,8 @@ def cross_check_share(tasks: Sequence[TuneTask], index: int, count: int) -> list
     their share), whose kernels its process holds loaded already. A problem's cost is a
     fixed part (its data made, its kernels loaded) and timings that grow with M·N·K: runs
     cut by count took 14.5 and 25.9 s on two GPUs, the second half holding the large
-    shapes (docs/engineering-notes.md §10). A worker that died leaves its share unchecked."""
+    shapes (docs/engineering-notes.md §10). The others take what a worker has not begun
+    once theirs are done (``cross_check_order``)."""
     count = max(count, 1)
     work = [math.prod(t.shape) for t in tasks]
     mean = sum(work) / len(work) if work else 1.0
@@ -291,12 +319,49 @@ def cross_check_share(tasks: Sequence[TuneTask], index: int, count: int) -> list
     return share
 
 
-def _cross_check(tuner: Tuner, tasks: Sequence[TuneTask], log: Callable[[str], None]) -> None:
-    """Every study is complete: each of this worker's problems tries its tuned
-    neighbours' winners (``Tuner.cross_check``), all winners read once."""
+def cross_check_order(tasks: Sequence[TuneTask], index: int, count: int) -> list[TuneTask]:
+    """The problems worker ``index`` of ``count`` offers to cross-check, in order: its
+    share (``cross_check_share``), then the other shares from their ends, one problem of
+    each in turn. Each problem is claimed before it is checked (``_cross_check_claims``),
+    so a worker done with its share takes the last problems of those whose workers are
+    still going through theirs from the start: the workers finish together, where the
+    shares alone, costed by shape, took 4.9-9.9 s each of four GPUs (one whole pass 26 s,
+    docs/engineering-notes.md §10)."""
+    count = max(count, 1)
+    others = [cross_check_share(tasks, j % count, count)[::-1]
+              for j in range(index + 1, index + count)]
+    return cross_check_share(tasks, index, count) + [
+        task for turn in itertools.zip_longest(*others) for task in turn if task is not None]
+
+
+def _cross_check_claims(tuner: Tuner, tasks: Sequence[TuneTask]) -> Callable[[TuneTask], bool]:
+    """Whether this worker is the one to cross-check a problem: the first to create its
+    claim (an empty study in the shared storage; of workers creating one at once exactly
+    one does). A claim names this pass by the trials of the tune's studies, which no
+    worker adds to once all are complete, so that a later tune on the same storage
+    (more trials, more shapes, a killed run's redone trials) claims its problems anew."""
+    from .studies import claim
+
+    trials = 0
+    for task in tasks:
+        study = optuna.load_study(study_name=tuner.study_name(task), storage=tuner.storage)
+        trials += len(study.get_trials(deepcopy=False))
+    return lambda task: claim(tuner.storage, f"{CROSS_CHECK_CLAIM}:{trials}:"
+                                             f"{tuner.study_name(task)}")
+
+
+def _cross_check(tuner: Tuner, tasks: Sequence[TuneTask], log: Callable[[str], None],
+                 claim: Callable[[TuneTask], bool] | None = None) -> None:
+    """Every study is complete: each of ``tasks`` (those of them that this worker
+    ``claim``s, where workers share them) tries its tuned neighbours' winners
+    (``Tuner.cross_check``), all winners read once."""
     changed = []
+    checked = 0
     winners: dict[tuple, dict] = {}  # every shape's winner, by problem less its shape
     for task in tasks:
+        if claim is not None and not claim(task):
+            continue
+        checked += 1
         key = tuner.problem_key(task)
         if key.without_shape() not in winners:
             winners[key.without_shape()] = tuner.winners(key)
@@ -304,7 +369,7 @@ def _cross_check(tuner: Tuner, tasks: Sequence[TuneTask], log: Callable[[str], N
         if before and after and after.config != before.config:
             changed.append(f"{tuner.study_name(task)}: {before.time_ms:.4f} ms -> "
                            f"{after.time_ms:.4f} ms {after.config.name}")
-    log(f"cross-check of {len(tasks)} problems against their neighbours' winners: "
+    log(f"cross-check of {checked} problems against their neighbours' winners: "
         f"{len(changed)} winners changed" + "".join(f"\n  {line}" for line in changed))
 
 

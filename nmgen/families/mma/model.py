@@ -15,6 +15,9 @@ implies (``tensor_core.model``).
   a stage adds its barriers and the first latencies (``STAGE_OVERHEAD_CYCLES``) and waits
   for copies that the stages ahead did not hide. A block of few warps spends a stage in
   this path, however idle its SM.
+- K-major A (the caller's, or the transpose kernel's copy of row-major A): a thread's
+  copies of gathered rows read each row's index first, four copies at a time
+  (``INDEX_LOAD_CYCLES`` a batch, in the stage's path).
 """
 
 from __future__ import annotations
@@ -43,6 +46,12 @@ COPY_INSTRUCTIONS = 12  # a 16-byte cp.async: indices, bounds, address
 LOOP_ITERATION_CYCLES = 100  # a warp's iteration of the copy or gather loop (H100 fit)
 MMA_LATENCY_CYCLES = 32  # a warp's k16 step of dependent MMAs, at the least
 STAGE_OVERHEAD_CYCLES = 1000  # a stage's waits, two barriers, first latencies (H100 fit)
+# A batch of row indices read before their copies (K-major A), fitted on the H100 bf16
+# tune of row-major A through the transpose kernel (2:4 L = 32, 8:32 L = 64 and 128) and
+# the gather tune of the two constants above:
+# results/untuned_h100/bf16_tx/model_study_tensor_core.txt.
+INDEX_LOAD_CYCLES = 1200
+INDEX_BATCH = 4  # the copy loop's unrolling: its index loads in flight together
 
 
 class StageWork(NamedTuple):
@@ -50,6 +59,7 @@ class StageWork(NamedTuple):
 
     pairs: int  # gathered pairs of elements (row-major A), one a thread an iteration
     chunks: int  # 16-byte cp.async copies
+    indexed: int  # of them, copies of gathered rows of K-major A (each reads its row index)
     mmas: int  # m16n8k16 MMAs
     ldmatrix: int  # ldmatrix.x4 (an .x2 counted as one) of all warps
 
@@ -73,6 +83,7 @@ def stage_work(config: MmaConfig) -> StageWork:
                 else gathered // 8)
     return StageWork(pairs=gathered // 2 if c.gathers_windows else 0,
                      chunks=c.bk * c.bn // 8 + a_chunks,
+                     indexed=0 if c.gathers_windows else a_chunks,
                      mmas=(c.bm // 16) * (c.bn // 8) * steps,
                      ldmatrix=warps * steps * (c.wm // 16 + math.ceil(c.wn / 16)))
 
@@ -100,12 +111,14 @@ def stage_mma_cycles(config: MmaConfig, gpu: GpuSpec) -> float:
 
 def stage_latency(config: MmaConfig, gpu: GpuSpec) -> float:
     """Cycles of one stage of a block alone on its SM: each warp's share of the copy and
-    gather iterations, then its MMAs on its scheduler's tensor core (shared with the
-    block's other warps there); at least the copy latency over the stages ahead."""
+    gather iterations and its batches of row indices, then its MMAs on its scheduler's
+    tensor core (shared with the block's other warps there); at least the copy latency
+    over the stages ahead."""
     c, w = config, stage_work(config)
     sharing = math.ceil(c.threads / 32 / SUBCORES)  # the block's warps a scheduler
     iteration = max(LOOP_ITERATION_CYCLES, sharing * GATHER_INSTRUCTIONS)
     loops = (math.ceil(w.pairs / c.threads) + math.ceil(w.chunks / c.threads)) * iteration
+    loops += math.ceil(w.indexed / c.threads / INDEX_BATCH) * INDEX_LOAD_CYCLES
     mma_each = SUBCORES * stage_mma_cycles(c, gpu) / max(1, w.mmas)  # on one tensor core
     warp_mmas = (c.wm // 16) * (c.wn // 8)
     mma = c.bk // 16 * max(MMA_LATENCY_CYCLES, sharing * warp_mmas * mma_each)

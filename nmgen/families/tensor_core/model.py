@@ -1,27 +1,23 @@
 """What the tensor-core families' models share: the SM a block's resident copies share
-(``blocks_per_sm``, ``refusal``), a pipelined stage's time from its MMA and shared-memory
-cycles (``pipelined``), a shape's time from the stage time, the waves and the bytes from
-DRAM and L2 that the tiling implies (``estimate``), and the ranking (``RankTable``).
+(``blocks_per_sm``, ``refusal``), a shape's time from a family's stage time, the waves and
+the bytes from DRAM (``estimate``), and the ranking (``RankTable``).
 
-- Memory: A once from DRAM (and once a column block from L2: the dense window for
-  row-major A, the kept rows for K-major), the compressed values once (and once a row
-  block from L2), the index table, C written once; the transpose kernel's copy of
-  row-major A before, where the kernel reads one.
-- A stage's copies take ``COPY_LATENCY_CYCLES`` to land; the stages in flight ahead of
-  the one computed (the family says how many) hide it, or the rest waits.
-- An SM's resident blocks share its throughput (``StageTime.cycles`` a block's stage), but
-  none takes a stage in less than its own latency (``StageTime.latency``, where the family
-  states one): an SM with few blocks waits on their dependent steps.
-
-A family supplies the MMA cycles (its instruction's peak and how occupancy limits it),
-the shared-memory traffic and the per-stage overhead of its pipeline.
+- A family's ``Pipeline`` says how many cycles an SM takes for one stage of each of the
+  blocks resident on it (``round_cycles``): its throughput shared by them, or one block's
+  latency where few share it. Full waves run ``per_sm`` blocks an SM; the last wave's
+  blocks run as many an SM as it spreads to.
+- DRAM: A once (the transpose kernel's copy where the kernel reads one), the compressed
+  values and the index table once, C written once, at ``BANDWIDTH_SHARE`` of the
+  bandwidth, added to the stages' time (the families' fits, results/untuned_h100/bf16/:
+  added fits better than overlapped); traffic through L2 is the families' stage model.
+- Row-major A that a kernel reads K-major: the transpose kernel's time before.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -32,21 +28,40 @@ from .prepare import stage_count
 
 CLOCK_GHZ = 1.755
 SMEM_BYTES_PER_CYCLE = 128
-PIPELINE_FILL_CYCLES = 1500  # the first stages' copies, exposed once a block
-COPY_LATENCY_CYCLES = 1000
+PIPELINE_FILL_CYCLES = 1500  # the first stages' copies, exposed once a wave
+COPY_LATENCY_CYCLES = 1000  # a stage's copies from issue to landing (mma's floor)
 BANDWIDTH_SHARE = 0.85
 LAUNCH_US = 3.0
 MAX_BLOCKS_PER_SM = 32
 SMEM_RESERVED_PER_BLOCK = 1024
 
 
+class Pipeline(Protocol):
+    """A block's pipeline on its SM, as a family's model states it."""
+
+    @property
+    def per_sm(self) -> int:
+        """Resident blocks an SM."""
+
+    @property
+    def fill_cycles(self) -> float:
+        """Once a wave: the first stages' copies."""
+
+    def round_cycles(self, blocks: int) -> float:
+        """Cycles an SM takes for one stage of each of ``blocks`` resident blocks."""
+
+
 class StageTime(NamedTuple):
-    """A block's pipeline on its SM."""
+    """A block's pipeline on its SM: the SM's throughput shared by its resident blocks,
+    and no stage in less than one block's latency."""
 
     cycles: float  # a stage of a block, on an SM shared by its resident blocks
-    fill_cycles: float  # once a block
+    fill_cycles: float  # once a wave
     per_sm: int  # resident blocks an SM
     latency: float = 0.0  # a stage of one block, however few share its SM
+
+    def round_cycles(self, blocks: int) -> float:
+        return max(blocks * self.cycles, self.latency)
 
 
 def blocks_per_sm(config: TensorCoreConfig, gpu: GpuSpec) -> int:
@@ -73,18 +88,6 @@ def mma_cycles(config: TensorCoreConfig, gpu: GpuSpec, tensor_tflops: float) -> 
     return flops / per_cycle
 
 
-def pipelined(mma: float, smem_bytes: float, overhead: float, ahead: int, per_sm: int
-              ) -> StageTime:
-    """A stage of ``mma`` tensor-core cycles and ``smem_bytes`` of shared-memory traffic
-    with ``overhead`` cycles of its own, ``ahead`` stages in flight ahead of it and
-    ``per_sm`` resident blocks."""
-    smem = smem_bytes / SMEM_BYTES_PER_CYCLE
-    stage = max(mma, smem) + overhead / per_sm
-    in_flight = ahead * stage * per_sm
-    waiting = max(0.0, COPY_LATENCY_CYCLES - in_flight) / per_sm
-    return StageTime(stage + waiting, PIPELINE_FILL_CYCLES, per_sm)
-
-
 @dataclass(frozen=True)
 class Estimate:
     time_ms: float
@@ -98,36 +101,39 @@ class Estimate:
         return "compute" if self.compute_ms >= self.memory_ms else "memory"
 
 
-def estimate(config: TensorCoreConfig, gpu: GpuSpec, stage: StageTime, rows: int, cols: int,
-             depth: int) -> Estimate:
-    """The time of ``rows × depth`` by the ``depth × cols`` weight: the waves of blocks
-    against the bytes from DRAM and through L2."""
+class Waves(Protocol):
+    def __call__(self, stage: Pipeline, gpu: GpuSpec, blocks: int, stages: int) -> float:
+        """Cycles of ``blocks`` tiles of ``stages`` stages."""
+
+
+def estimate(config: TensorCoreConfig, gpu: GpuSpec, stage: Pipeline, rows: int, cols: int,
+             depth: int, waves: Waves | None = None) -> Estimate:
+    """The time of ``rows × depth`` by the ``depth × cols`` weight: the waves of blocks'
+    stages (``waves``, default ``wave_cycles``), then the bytes from DRAM."""
     c = config
     stages = stage_count(c, depth)
-    row_blocks = -(-rows // c.bm)
     cols_p = -(-cols // c.vec) * c.vec
-    col_blocks = -(-cols_p // c.bn)
-    blocks = row_blocks * col_blocks
-    waves = -(-blocks // (gpu.sms * stage.per_sm))
-    # A wave's blocks share their SM: per_sm of them take per_sm times a block's stages,
-    # and no fewer cycles than one block's latency.
-    busy = min(stage.per_sm, -(-blocks // gpu.sms))
-    stage_cycles = max(busy * stage.cycles, stage.latency)
-    compute_cycles = waves * (stages * stage_cycles + stage.fill_cycles)
-    compute_ms = compute_cycles / (CLOCK_GHZ * 1e6)
+    blocks = -(-rows // c.bm) * -(-cols_p // c.bn)
+    compute_ms = (waves or wave_cycles)(stage, gpu, blocks, stages) / (CLOCK_GHZ * 1e6)
     w_rows = stages * c.bk
     values = 2.0 * w_rows * cols_p + 4.0 * w_rows * (cols_p // c.vec)
     dram = 2.0 * rows * depth + values + 2.0 * rows * cols
-    a_depth = stages * c.a_stage_depth
-    through_l2 = col_blocks * 2.0 * row_blocks * c.bm * a_depth + row_blocks * values
-    memory_ms = max(dram / (gpu.dram_gbs * 1e9 * BANDWIDTH_SHARE),
-                    through_l2 / (gpu.l2_gbs * 1e9 * BANDWIDTH_SHARE)) * 1e3
-    time_ms = (max(compute_ms, memory_ms) + 0.25 * min(compute_ms, memory_ms)
-               + LAUNCH_US / 1e3)
+    memory_ms = dram / (gpu.dram_gbs * 1e9 * BANDWIDTH_SHARE) * 1e3
+    time_ms = compute_ms + memory_ms + LAUNCH_US / 1e3
     if c.a_copied:  # the transpose kernel first
         copy_ms = transpose_ms(gpu, rows, depth)
         time_ms, memory_ms = time_ms + copy_ms, memory_ms + copy_ms
     return Estimate(time_ms, compute_ms, memory_ms, blocks, stage.per_sm)
+
+
+def wave_cycles(stage: Pipeline, gpu: GpuSpec, blocks: int, stages: int) -> float:
+    """Cycles of ``blocks`` blocks of ``stages`` stages: whole waves of ``per_sm`` blocks
+    an SM, then the rest spread over the SMs."""
+    full, rest = divmod(blocks, gpu.sms * stage.per_sm)
+    cycles = full * (stages * stage.round_cycles(stage.per_sm) + stage.fill_cycles)
+    if rest:
+        cycles += stages * stage.round_cycles(-(-rest // gpu.sms)) + stage.fill_cycles
+    return cycles
 
 
 def transpose_ms(gpu: GpuSpec, rows: int, depth: int) -> float:

@@ -15,6 +15,12 @@ specialisation, name tag ``_ws``), the stages handed over by two mbarriers each 
 empty); the ``warpgroups`` warpgroups only issue MMAs. Its registers are rebalanced by
 ``setmaxnreg`` where the consumers need more than an even share (``register_split``). It
 reads A as the shared kernel does (row-major A: the transpose kernel's K-major copy).
+
+``persistent`` (name tag ``_p``, after ``_ws``'s place): the launch's grid is at most the
+blocks resident at once, and each block walks the tiles ``blockIdx.x, blockIdx.x +
+gridDim.x, ...`` (row blocks fastest, as the grid's order); its copies run one stream of
+(tile, stage) pairs, so the next tile's first stages load while the current tile's last
+stages and its epilogue run (producer "warp": the mbarriers' phases run on across tiles).
 """
 
 from __future__ import annotations
@@ -78,8 +84,9 @@ class Producer(str, Enum):
 
 
 # Parameters that came after the first tuned kernels, with the default that reproduces them.
-LATER_PARAMETERS: dict[str, Any] = {"producer": Producer.SHARED.value}
+LATER_PARAMETERS: dict[str, Any] = {"producer": Producer.SHARED.value, "persistent": False}
 WS_TAG = "_ws"  # the name's tag of a producer warpgroup
+PERSISTENT_TAG = "_p"  # the name's tag of a persistent grid
 
 
 def _granules(registers: int) -> int:
@@ -90,8 +97,9 @@ def _granules(registers: int) -> int:
 @dataclass(frozen=True)
 class WgmmaConfig(TensorCoreConfig):
     """e.g. ``nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_km_sm90a``: warpgroups (``g2``),
-    ``_ws`` after the stages for a producer warpgroup (``..._g2_s4_ws_km_sm90a``), the
-    arch-specific target (``sm90a``); an epilogue's tag last (``..._sm90a_bias_silu``)."""
+    ``_ws`` after the stages for a producer warpgroup (``..._g2_s4_ws_km_sm90a``), ``_p``
+    there for a persistent grid (``..._g2_s4_p_km_sm90a``), the arch-specific target
+    (``sm90a``); an epilogue's tag last (``..._sm90a_bias_silu``)."""
 
     n: int
     m: int
@@ -106,12 +114,13 @@ class WgmmaConfig(TensorCoreConfig):
     dtype: DType = DType.BF16
     epilogue: Epilogue = NO_EPILOGUE  # bias and activation on the output (not tuned)
     producer: Producer = Producer.SHARED  # who copies the stages in
+    persistent: bool = False  # a grid of the resident blocks, each walking tiles
     family: ClassVar[str] = FAMILY
     later_parameters: ClassVar[dict[str, Any]] = LATER_PARAMETERS
     warp_fields: ClassVar[tuple[str, ...]] = ("warpgroups",)
     arch_suffix: ClassVar[str] = "a"
     name_re: ClassVar[re.Pattern[str]] = name_pattern(FAMILY, r"g(?P<warpgroups>\d+)", "a",
-                                                      rf"(?P<ws>{WS_TAG})?")
+                                                      rf"(?P<ws>{WS_TAG})?(?P<p>{PERSISTENT_TAG})?")
     name_example: ClassVar[str] = "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_km_sm90a"
 
     def __post_init__(self) -> None:
@@ -123,6 +132,10 @@ class WgmmaConfig(TensorCoreConfig):
     def specialized(self) -> bool:
         """Whether a producer warpgroup of its own copies the stages in."""
         return self.producer is Producer.WARP
+
+    @property
+    def walks_tiles(self) -> bool:
+        return self.persistent
 
     @property
     def threads(self) -> int:
@@ -281,9 +294,11 @@ class WgmmaConfig(TensorCoreConfig):
 
     @property
     def name_tag(self) -> str:
-        return WS_TAG if self.specialized else ""
+        return (WS_TAG if self.specialized else "") + (PERSISTENT_TAG if self.persistent
+                                                        else "")
 
     @classmethod
     def tag_fields(cls, groups: dict[str, str | None]) -> dict[str, Any]:
-        return {"producer": Producer.WARP if groups["ws"] else Producer.SHARED}
+        return {"producer": Producer.WARP if groups["ws"] else Producer.SHARED,
+                "persistent": bool(groups["p"])}
 

@@ -9,6 +9,7 @@ from typing import Any
 from ...gpus import Arch, GpuSpec
 from ...problem import Problem
 from ...shapes import Shape
+from ..space import ConfigError, SearchSpace
 from ..tensor_core.config import DTYPES
 from ..tensor_core.family import TensorCoreFamily
 from ..tensor_core.model import RankTable
@@ -56,6 +57,25 @@ class Wgmma(TensorCoreFamily):
     def seed_shape(self, config: WgmmaConfig) -> tuple:
         """Seeds differ in more than their pipeline depth."""
         return (config.bm, config.bn, config.windows, config.warpgroups)
+
+    def seed_variants(self, best: WgmmaConfig, space: SearchSpace) -> list[WgmmaConfig]:
+        """The best guess on a persistent grid (not enumerated: searched and seeded)."""
+        return self._persistent_twin(best, space)
+
+    def refinements(self, config: WgmmaConfig) -> list[WgmmaConfig]:
+        """The persistent twin of a tuned winner."""
+        return self._persistent_twin(config, self.space)
+
+    @staticmethod
+    def _persistent_twin(config: WgmmaConfig, space: SearchSpace) -> list[WgmmaConfig]:
+        problem = Problem(config.n, config.m, config.vec, config.a_layout, config.arch,
+                          config.dtype)
+        if config.persistent or True not in space.choices(problem).get("persistent", ()):
+            return []
+        try:
+            return [config.replace(persistent=True)]
+        except ConfigError:
+            return []
 
     def template_arguments(self, config: WgmmaConfig) -> dict[str, Any]:
         return render.template_arguments(config)

@@ -1,44 +1,86 @@
-"""The wgmma family's model: a stage's warpgroup MMAs against its shared-memory traffic
-(the operands the MMAs read, the copies in), per SM and wave, beside the bytes from DRAM
-and L2 that the tiling implies (``tensor_core.model``).
+"""The wgmma family's model: one stage of each block resident on an SM, from the stage's
+copies, wgmmas and copy issue, beside the DRAM bytes and the waves (``tensor_core.model``).
 
-- Tensor cores: ``wgmma`` m64nNk16 at ``TENSOR_TFLOPS`` of the GPU (H100: ~950 dense BF16,
-  DESIGN §8); few resident warpgroups an SM leave them idle at every stage's barrier
-  (``occupancy_efficiency``).
-- Shared memory: 128 bytes a cycle an SM for the copies in and for the operands every
-  wgmma reads (its m64 x 16 tile of A and 16 x N tile of B'): narrow tiles read A and B'
-  more often for the same MMAs.
-- Pipeline: one stage is read by the wgmma in flight, so the ``stages - 2`` stages ahead
-  of the one computed hide the copies' latency.
-- Row-major A: the transpose kernel's bytes at DRAM bandwidth and its launch, before.
+A stage of a block:
 
-A producer warpgroup (``producer="warp"``) is modelled as the shared-copy kernel is, by its
-MMA warpgroups, but with its own resources: the producer's threads, registers
-(``WgmmaConfig.blocks_by_registers``) and mbarriers count against the blocks an SM. Until
-GPU measurements say how much its decoupled copies gain (a stage ahead more: STAGES - 1
-in flight instead of STAGES - 2, no block barrier), its estimate is never below its shared
-twin's (fewer blocks an SM can model faster through the waves), and ties go by name, the
-shared one first: the model's choices stay the measured kernels.
+- copy: the gathered A tile through L2 into shared memory, at ``A_COPY_BYTES_PER_CYCLE``
+  an SM. The values' tile is read at the same time by the row blocks of its column block
+  (``blockIdx.x`` runs fastest) and adds no measurable time beside it.
+- tensor: the stage's wgmmas at ``TENSOR_TFLOPS`` of the GPU.
+- issue: a copying thread's 16-byte copies, one after another (``COPY_ISSUE_CYCLES``
+  each).
+
+Shared copies (the MMA warpgroups copy, a block barrier a stage): a block waits for its
+stage's copies, then issues the stage's wgmmas and the next copies, so with ``b`` blocks
+on an SM one stage of each takes ``b·tensor + issue + max(b·copy, STAGE_LATENCY_CYCLES +
+copy, (COPY_LATENCY_CYCLES + b·copy) / ahead)``, ``ahead = stages - 2`` stages in flight.
+
+A producer warpgroup (``producer="warp"``): the copies run beside the wgmmas, and the
+producer reads each stage's row indices before issuing its copies, behind
+``PRODUCER_QUEUE_STAGES`` stages of every resident block's copies:
+``max(b·(tensor + copy), PRODUCER_LATENCY_CYCLES + PRODUCER_QUEUE_STAGES·b·copy + issue)``.
+
+A persistent grid (``persistent``: the resident blocks, each walking tiles): every SM runs
+the same rounds of stages, but the first stages' copies are exposed once (each block's
+later tiles load while its previous tile ends), and each later tile of a block exposes
+only ``TILE_SWITCH_CYCLES`` (its epilogue, which the block's own wgmmas do not overlap);
+the tiles past the last whole round of resident blocks run as a non-persistent last wave
+would (``persistent_cycles``). An estimate awaiting a GPU measurement against the twins.
+
+The constants were fitted on the H100 bf16 tune of 8:32 at L = 64 and 128 (row-major A,
+1,540 trials of 64 problems): results/untuned_h100/bf16_tx/model_study_tensor_core.txt.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from ...gpus import Arch, GpuSpec
 from ...shapes import Shape
 from ..tensor_core import model as tc
 from ..tensor_core.model import Estimate, RankTable
-from .config import Producer, WgmmaConfig
+from .config import WgmmaConfig
 
 # wgmma dense peak (TFLOP/s, BF16/FP16 with FP32 accumulation) by GPU; other sm_90 GPUs
 # are taken as TENSOR_OVER_FP32 times their FP32 peak.
 TENSOR_TFLOPS = {"h100": 950.0, "h200": 950.0}
 TENSOR_OVER_FP32 = 14.2
-STAGE_OVERHEAD_CYCLES = 80  # a stage's wait, fence, barrier and issue
-FULL_WARPGROUPS = 2  # resident warpgroups an SM that keep the tensor cores busy
-OCCUPANCY_FLOOR = 0.6
+A_COPY_BYTES_PER_CYCLE = 80.0  # the gathered A tile into an SM's shared memory (H100 fit)
+COPY_ISSUE_CYCLES = 24  # a copying thread's 16-byte copy, address to issue (H100 fit)
+STAGE_LATENCY_CYCLES = 420  # a block's wait, fence, barrier and issue a stage (H100 fit)
+COPY_LATENCY_CYCLES = 530  # a stage's copies from issue to landing (H100 fit)
+PRODUCER_LATENCY_CYCLES = 630  # a producer's row indices, read a stage (H100 fit)
+# A persistent block's switch to its next tile: the epilogue's stores of the tile (about a
+# pipeline fill's copies latency less, which the next tile's copies now overlap). An
+# estimate, not a fit: to be measured on a GPU against the non-persistent twins.
+TILE_SWITCH_CYCLES = 400
+# The stages of copies a producer's index read waits behind, each resident block's: the
+# stage it has just issued and the one before it, still landing (2 to 3 fit alike).
+PRODUCER_QUEUE_STAGES = 2
+
+
+class WgmmaStage(NamedTuple):
+    """A stage of a block, in cycles of its SM (``tensor_core.model.Pipeline``)."""
+
+    copy: float
+    tensor: float
+    issue: float
+    ahead: int  # shared copies: stages in flight beside the one computed
+    specialized: bool  # a producer warpgroup copies
+    per_sm: int
+    fill_cycles: float = tc.PIPELINE_FILL_CYCLES
+
+    def round_cycles(self, blocks: int) -> float:
+        """One stage of each of ``blocks`` resident blocks (see the module's note)."""
+        b, copy = blocks, self.copy
+        if self.specialized:
+            queue = PRODUCER_QUEUE_STAGES * b * copy
+            return max(b * (self.tensor + copy), PRODUCER_LATENCY_CYCLES + queue + self.issue)
+        waits = max(b * copy, STAGE_LATENCY_CYCLES + copy,
+                    (COPY_LATENCY_CYCLES + b * copy) / self.ahead)
+        return b * self.tensor + self.issue + waits
 
 
 def tensor_tflops(gpu: GpuSpec) -> float:
@@ -51,45 +93,40 @@ def feasible(config: WgmmaConfig, gpu: GpuSpec) -> str | None:
     return tc.refusal(config, gpu)
 
 
-def stage_smem_bytes(config: WgmmaConfig) -> float:
-    """Shared-memory traffic of one stage of a block: the operands its wgmmas read (every
-    warpgroup reads the whole B' tile, and its own rows of A) and the copies in."""
-    c = config
-    reads = c.warpgroups * c.bk * 2.0 * (c.bn + 64 * c.tiles_m)
-    return reads + c.stage_bytes
-
-
 def stage_mma_cycles(config: WgmmaConfig, gpu: GpuSpec) -> float:
     """Cycles of one SM's tensor cores for one stage of a block."""
     return tc.mma_cycles(config, gpu, tensor_tflops(gpu))
 
 
-def occupancy_efficiency(warpgroups: float) -> float:
-    return min(1.0, OCCUPANCY_FLOOR + (1.0 - OCCUPANCY_FLOOR) * warpgroups / FULL_WARPGROUPS)
-
-
 @functools.lru_cache(maxsize=4096)
-def stage_time(config: WgmmaConfig, gpu: GpuSpec) -> tc.StageTime:
-    per_sm = max(1, tc.blocks_per_sm(config, gpu))
-    mma = stage_mma_cycles(config, gpu) / occupancy_efficiency(per_sm * config.warpgroups)
-    return tc.pipelined(mma, stage_smem_bytes(config), STAGE_OVERHEAD_CYCLES,
-                        config.stages - 2, per_sm)
+def stage_time(config: WgmmaConfig, gpu: GpuSpec) -> WgmmaStage:
+    c = config
+    return WgmmaStage(copy=c.a_tile_bytes / A_COPY_BYTES_PER_CYCLE,
+                      tensor=stage_mma_cycles(c, gpu),
+                      issue=COPY_ISSUE_CYCLES * (c.a_per_thread + c.b_per_thread),
+                      ahead=c.stages - 2, specialized=c.specialized,
+                      per_sm=max(1, tc.blocks_per_sm(c, gpu)))
+
+
+def persistent_cycles(stage: tc.Pipeline, gpu: GpuSpec, blocks: int, stages: int) -> float:
+    """Cycles of ``blocks`` tiles of ``stages`` stages on a persistent grid (the module's
+    note): whole rounds of the resident blocks, one pipeline fill, a tile switch a later
+    round, and the rest spread over the SMs."""
+    resident = gpu.sms * stage.per_sm
+    if blocks <= resident:  # one tile a block: as the grid of tiles
+        return tc.wave_cycles(stage, gpu, blocks, stages)
+    full, rest = divmod(blocks, resident)
+    rounds = full + int(rest > 0)
+    cycles = full * stages * stage.round_cycles(stage.per_sm) + stage.fill_cycles
+    if rest:
+        cycles += stages * stage.round_cycles(-(-rest // gpu.sms))
+    return cycles + (rounds - 1) * TILE_SWITCH_CYCLES
 
 
 def estimate(config: WgmmaConfig, gpu: GpuSpec, rows: int, cols: int, depth: int
              ) -> Estimate:
-    """A producer warpgroup's configuration: its own estimate (its resources) or its shared
-    twin's, the slower (see the module's note)."""
-    own = _estimate(config, gpu, rows, cols, depth)
-    if not config.specialized:
-        return own
-    twin = _estimate(config.replace(producer=Producer.SHARED), gpu, rows, cols, depth)
-    return twin if twin.time_ms > own.time_ms else own
-
-
-def _estimate(config: WgmmaConfig, gpu: GpuSpec, rows: int, cols: int, depth: int
-              ) -> Estimate:
-    return tc.estimate(config, gpu, stage_time(config, gpu), rows, cols, depth)
+    waves = persistent_cycles if config.persistent else None
+    return tc.estimate(config, gpu, stage_time(config, gpu), rows, cols, depth, waves)
 
 
 def estimate_ms(config: WgmmaConfig, gpu: GpuSpec, shape: Shape) -> float:

@@ -15,20 +15,24 @@ SPACE_PARAMS = (
     Param("warpgroups", (1, 2, 4)),  # 4: 256-row tiles of one m64 tile a warpgroup
     Param("stages", (3, 4, 5)),
     Param("producer", ("shared", "warp")),  # who copies the stages in (config.Producer)
+    # A grid of the resident blocks, each walking tiles: searched and seeded, not
+    # enumerated (the model's own choice) until a GPU has timed it against its twins.
+    Param("persistent", (False, True), enumerated=(False,)),
 )
 
 
 class _Mapping(TensorCoreMapping):
-    """The tensor-core parameters and the producer (by its value)."""
+    """The tensor-core parameters, the producer (by its value) and the persistent grid."""
 
     config_type = WgmmaConfig
 
     @property
     def names(self) -> tuple[str, ...]:
-        return (*super().names, "producer")
+        return (*super().names, "producer", "persistent")
 
     def values_of(self, config: WgmmaConfig) -> dict[str, Any]:
-        return {**super().values_of(config), "producer": config.producer.value}
+        return {**super().values_of(config), "producer": config.producer.value,
+                "persistent": config.persistent}
 
     def quick_reject(self, values: dict[str, Any]) -> bool:
         tiles_m, rest = divmod(values["bm"], 64 * values["warpgroups"])
