@@ -606,6 +606,29 @@ NVCC_CONFIGS = [  # ptxas (CUDA 13.0) registers in the comments
     "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_rm_sm90a",  # row-major A: the transpose too
 ]
 
+# Persistent grids: ptxas (CUDA 13.0) registers, the non-persistent twin's after the slash
+NVCC_PERSISTENT = [
+    "nm_wgmma_bf16_n16m32l128_b128x128x32_g2_s4_p_km_sm90a",  # 114 / 108
+    "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_p_km_sm90a",  # 114 / 108
+    "nm_wgmma_bf16_n4m32l128_b128x128x32_g2_s4_p_km_sm90a",  # 114 / 108
+    "nm_wgmma_bf16_n8m32l128_b256x128x64_g2_s3_p_km_sm90a",  # 204 / 187: two m64 tiles
+    "nm_wgmma_bf16_n8m32l256_b128x256x64_g2_s3_p_km_sm90a",  # 192: n256
+    "nm_wgmma_f16_n8m32l128_b128x128x64_g1_s4_p_km_sm90a",  # 205
+    "nm_wgmma_f16_n2m4l64_b128x64x16_g2_s3_p_km_sm90a",  # 80
+    "nm_wgmma_bf16_n3m7l128_b64x128x48_g1_s3_p_km_sm90a",  # 127
+    "nm_wgmma_bf16_n16m64l128_b128x128x128_g2_s3_p_km_sm90a_bias_silu",  # 144
+    "nm_wgmma_bf16_n16m32l128_b256x128x32_g4_s4_p_km_sm90a",  # 114: four warpgroups
+    "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_p_rm_sm90a",  # 114: the K-major copy
+    # with a producer warpgroup (its twins' counts as NVCC_WARP's)
+    "nm_wgmma_bf16_n16m32l128_b128x128x32_g2_s4_ws_p_km_sm90a",  # 90 / 90
+    "nm_wgmma_bf16_n8m32l128_b256x128x64_g2_s4_ws_p_km_sm90a",  # 154 / 154
+    "nm_wgmma_bf16_n16m32l128_b128x128x32_g1_s4_ws_p_km_sm90a",  # 128 -> 56 / 200
+    "nm_wgmma_bf16_n16m32l64_b256x64x32_g2_s5_ws_p_km_sm90a",  # 80 -> 48 / 96
+    "nm_wgmma_f16_n2m4l64_b64x64x16_g1_s6_ws_p_km_sm90a_bias_silu",  # 61 / 58
+    "nm_wgmma_bf16_n16m64l128_b128x128x128_g2_s3_ws_p_km_sm90a_bias_gelu",  # 155 / 90
+    "nm_wgmma_f16_n16m32l128_b128x128x32_g1_s4_ws_p_rm_sm90a_bias_silu",  # 128 -> 56 / 200
+]
+
 
 def check_resources(config: WgmmaConfig) -> None:
     from nmgen.build.nvcc import compile_with_nvcc
@@ -626,7 +649,7 @@ def check_resources(config: WgmmaConfig) -> None:
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("name", NVCC_CONFIGS)
+@pytest.mark.parametrize("name", NVCC_CONFIGS + NVCC_PERSISTENT)
 def test_named_configurations_compile_without_spills(name):
     check_resources(WgmmaConfig.from_name(name))
 
@@ -728,36 +751,6 @@ def test_the_kernel_is_hgmma_with_both_operands_transposed(tmp_path):
     hgmma = [line for line in sass.splitlines() if "HGMMA.64x128x16.F32.BF16" in line]
     assert len(hgmma) == CONFIG.bk // 16 * CONFIG.tiles_m
     assert all("tnspA.tnspB" in line for line in hgmma)
-
-
-# Persistent grids: ptxas (CUDA 13.0) registers, the non-persistent twin's after the slash
-NVCC_PERSISTENT = [
-    "nm_wgmma_bf16_n16m32l128_b128x128x32_g2_s4_p_km_sm90a",  # 114 / 108
-    "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_p_km_sm90a",  # 114 / 108
-    "nm_wgmma_bf16_n4m32l128_b128x128x32_g2_s4_p_km_sm90a",  # 114 / 108
-    "nm_wgmma_bf16_n8m32l128_b256x128x64_g2_s3_p_km_sm90a",  # 204 / 187: two m64 tiles
-    "nm_wgmma_bf16_n8m32l256_b128x256x64_g2_s3_p_km_sm90a",  # 192: n256
-    "nm_wgmma_f16_n8m32l128_b128x128x64_g1_s4_p_km_sm90a",  # 205
-    "nm_wgmma_f16_n2m4l64_b128x64x16_g2_s3_p_km_sm90a",  # 80
-    "nm_wgmma_bf16_n3m7l128_b64x128x48_g1_s3_p_km_sm90a",  # 127
-    "nm_wgmma_bf16_n16m64l128_b128x128x128_g2_s3_p_km_sm90a_bias_silu",  # 144
-    "nm_wgmma_bf16_n16m32l128_b256x128x32_g4_s4_p_km_sm90a",  # 114: four warpgroups
-    "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_p_rm_sm90a",  # 114: the K-major copy
-    # with a producer warpgroup (its twins' counts as NVCC_WARP's)
-    "nm_wgmma_bf16_n16m32l128_b128x128x32_g2_s4_ws_p_km_sm90a",  # 90 / 90
-    "nm_wgmma_bf16_n8m32l128_b256x128x64_g2_s4_ws_p_km_sm90a",  # 154 / 154
-    "nm_wgmma_bf16_n16m32l128_b128x128x32_g1_s4_ws_p_km_sm90a",  # 128 -> 56 / 200
-    "nm_wgmma_bf16_n16m32l64_b256x64x32_g2_s5_ws_p_km_sm90a",  # 80 -> 48 / 96
-    "nm_wgmma_f16_n2m4l64_b64x64x16_g1_s6_ws_p_km_sm90a_bias_silu",  # 61 / 58
-    "nm_wgmma_bf16_n16m64l128_b128x128x128_g2_s3_ws_p_km_sm90a_bias_gelu",  # 155 / 90
-    "nm_wgmma_f16_n16m32l128_b128x128x32_g1_s4_ws_p_rm_sm90a_bias_silu",  # 128 -> 56 / 200
-]
-
-
-@pytest.mark.nvcc
-@pytest.mark.parametrize("name", NVCC_PERSISTENT)
-def test_named_persistent_configurations_compile_without_spills(name):
-    check_resources(WgmmaConfig.from_name(name))
 
 
 @pytest.mark.nvcc
