@@ -51,7 +51,7 @@ from .calibration import Calibration, shipped_calibration
 from .codegen import render
 from .epilogue import NO_EPILOGUE, Activation, Epilogue
 from .families.base import Config, Family
-from .families.registry import family_of, serving
+from .families.registry import all_families, family_of, serving
 from .format import NMMatrix
 from .gpus import GpuSpec, spec_or_h100, table_name
 from .policy import RelatedRecord, best_per_problem, pick_winner, related_records
@@ -60,7 +60,7 @@ from .runtime.device import DeviceInfo, device_info, operand
 from .runtime.launch import Kernel
 from .shapes import shape_distance
 from .store.database import connect, default_url, shipped_db
-from .store.records import ProblemKey, record_trial
+from .store.records import ProblemKey, problems_by_generator, record_trial
 from .store.tables import TrialStatus
 from .transfer import nearest_distance, ranked
 
@@ -122,6 +122,7 @@ class Dispatcher:
         self._write_url = write_url
         self._calibrate = calibrate
         self._engines: list[Any] | None = None
+        self._engine_urls: list[str] = []
         self._related: dict[tuple, list[RelatedRecord]] = {}
         self._decisions: dict[tuple, Decision] = {}
         self._ranked: dict[tuple, list[Decision]] = {}
@@ -144,7 +145,25 @@ class Dispatcher:
             else:  # the user's database, made by the first quick tune's results
                 urls = [u for u in urls if not (u == self._writable() and _missing_file(u))]
             self._engines = [connect(u, writable=False) for u in urls]
+            self._engine_urls = urls
+            for url, count in self.older_generator_problems().items():
+                warnings.warn(f"nmgen.dispatch: {url} holds {count} problems tuned by an "
+                              "older generator, which no decision reads; `nmgen carry "
+                              "--from-rev REV --db URL` re-keys the records of kernels "
+                              "whose source is unchanged", stacklevel=3)
         return self._engines
+
+    def older_generator_problems(self) -> dict[str, int]:
+        """Per database read, its problems keyed on a generator that is no longer current
+        (a change of a family's templates orphans its records until ``nmgen carry``)."""
+        current = {family.generator_hash() for family in all_families()}
+        engines, out = self._dbs(), {}
+        for url, engine in zip(self._engine_urls, engines, strict=True):
+            count = sum(n for generator, n in problems_by_generator(engine).items()
+                        if generator not in current)
+            if count:
+                out[url] = count
+        return out
 
     def decide(self, problem: Problem, shape: tuple[int, int, int],
                epilogue: Epilogue = NO_EPILOGUE) -> Decision:

@@ -83,6 +83,26 @@ def test_plan_takes_the_first_use_choice_and_the_tuned_winner(tmp_path):
     assert row.untuned_source == "transfer" and row.tuned_config == best.name
 
 
+def test_records_of_an_older_generator_are_named_not_skipped(tmp_path):
+    """A tuned database whose problems an older generator keyed (a template changed since
+    the tune): dispatch warns and the comparison refuses to run, naming `nmgen carry`,
+    instead of comparing against the current generators' records only."""
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    config = nmgen.KernelConfig(2, 4, 32, 128, 128, 32, 8, 8, a_tile="tx")
+    for generator in (F32_SIMT.generator_hash(), "0" * 64):
+        key = ProblemKey("h100", DEVICE.name, "sm_90", 13020, 132, generator, 2, 4, 32,
+                         "f32", "rm", *SHAPES[0])
+        record_trial(connect(url), key, config, "h", TrialStatus.OK, time_ms=1.0)
+    tuned = Dispatcher([url], device=DEVICE, write_url="")
+    with pytest.warns(UserWarning, match="1 problems tuned by an older generator"):
+        assert tuned.older_generator_problems() == {url: 1}
+    with pytest.raises(ValueError, match="1 problems of an older generator.*nmgen carry"):
+        plan(parse_problems("2:4/32"), SHAPES[:1], tuned, tuned, DEVICE.arch)
+    connect(empty := f"sqlite:///{tmp_path / 'e.db'}")
+    current = Dispatcher([empty], device=DEVICE, write_url="")
+    assert current.older_generator_problems() == {}
+
+
 def test_csv_round_trip_and_summary(tmp_path):
     rows = [UntunedRow("2:4", 32, 1024, 4096, 4096, 1.2, 1.0, 2.0, 1.1, "transfer", "x",
                        "a", "b"),

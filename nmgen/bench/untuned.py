@@ -98,7 +98,11 @@ def plan(problems: Sequence[tuple[Pattern, int]], shapes: Sequence[Shape],
          layout: ALayout = ALayout.ROW_MAJOR,
          dtype: DType = DType.F32, quick: bool = False) -> list[Planned]:
     """The kernels of every comparison. Raises where the untuned databases hold a record
-    of a problem (it would not be untuned) or the tuned one lacks an exact record."""
+    of a problem (it would not be untuned), the tuned one lacks an exact record or holds
+    records of an older generator (its tuned choice would skip them)."""
+    for url, count in tuned.older_generator_problems().items():
+        raise ValueError(f"the tuned database {url} holds {count} problems of an older "
+                         "generator: `nmgen carry --from-rev REV --db URL` first")
     out, held, missing = [], [], []
     for pattern, vec in problems:
         problem = Problem(pattern.n, pattern.m, vec, layout, arch, dtype)

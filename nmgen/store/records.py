@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -222,3 +222,13 @@ def all_problems(engine: Engine) -> list[ProblemTrials]:
                           TrialRow.problem_id == problem.id))]
             out.append(ProblemTrials(ProblemKey.of_row(problem), trials))
     return out
+
+
+def problems_by_generator(engine: Engine) -> dict[str, int]:
+    """How many stored problems (with trials) each generator hash keys."""
+    with Session(engine) as session:
+        rows = session.execute(
+            select(ProblemRow.template_hash, func.count(func.distinct(ProblemRow.id)))
+            .join(TrialRow, TrialRow.problem_id == ProblemRow.id)
+            .group_by(ProblemRow.template_hash))
+        return {template_hash: count for template_hash, count in rows}
