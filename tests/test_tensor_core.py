@@ -123,7 +123,7 @@ PINNED = {
     ("mma", "configs"):
         "dd53d263f3d4236f805d6b1a0b1f47ac7eb4c9f839891bc9435c07e1854e44f2",
     ("mma", "model"):
-        "5a960f7d817fc4f1bfbcd7b4055684fc797c3557e2afca69ef5e2b7262eeaadd",
+        "53ff862ed48a80a763a5cff832ecd6bddd1ee1c1a3446330f1cf5d0884aebc14",
     ("mma", "sources"):
         "abee781adff20f844541d35c67328208f94beaa0a7892c2d9fd9fa0e7b9a2986",
     ("mma", "weight"):

@@ -1,8 +1,8 @@
 """The tensor-core family's model: a block's stage as the work of its warps (the copy loop's
 ``cp.async`` chunks, for row-major A the gather of the window tile into the K-major tile,
-the ldmatrix reads and the MMAs), bounded by the SM's throughput shared by its resident
-blocks and by one block's own latency, beside the bytes from DRAM and L2 that the tiling
-implies (``tensor_core.model``).
+the ldmatrix reads and the MMAs): one block's own latency plus the SM's throughput shared
+by its resident blocks (``tensor_core.model.StageTime``), beside the bytes from DRAM and
+L2 that the tiling implies (``tensor_core.model``).
 
 - Throughput: an SM issues one warp instruction a cycle on each of its ``SUBCORES``
   schedulers, moves 128 bytes of shared memory a cycle, and runs ``mma.sync`` m16n8k16 at
@@ -15,9 +15,9 @@ implies (``tensor_core.model``).
   a stage adds its barriers and the first latencies (``STAGE_OVERHEAD_CYCLES``) and waits
   for copies that the stages ahead did not hide. A block of few warps spends a stage in
   this path, however idle its SM.
-- K-major A (the caller's, or the transpose kernel's copy of row-major A): a thread's
-  copies of gathered rows read each row's index first, four copies at a time
-  (``INDEX_LOAD_CYCLES`` a batch, in the stage's path).
+- K-major A (the caller's, or the transpose kernel's copy of row-major A): each of a
+  thread's copies of gathered rows reads its row's index first (``INDEX_COPY_CYCLES`` a
+  copy, in the stage's path).
 """
 
 from __future__ import annotations
@@ -45,13 +45,11 @@ GATHER_INSTRUCTIONS = 16  # a gathered pair: indices, table read, two reads, pac
 COPY_INSTRUCTIONS = 12  # a 16-byte cp.async: indices, bounds, address
 LOOP_ITERATION_CYCLES = 100  # a warp's iteration of the copy or gather loop (H100 fit)
 MMA_LATENCY_CYCLES = 32  # a warp's k16 step of dependent MMAs, at the least
-STAGE_OVERHEAD_CYCLES = 1000  # a stage's waits, two barriers, first latencies (H100 fit)
-# A batch of row indices read before their copies (K-major A), fitted on the H100 bf16
-# tune of row-major A through the transpose kernel (2:4 L = 32, 8:32 L = 64 and 128) and
-# the gather tune of the two constants above:
-# results/untuned_h100/bf16_tx/model_study_tensor_core.txt.
-INDEX_LOAD_CYCLES = 1200
-INDEX_BATCH = 4  # the copy loop's unrolling: its index loads in flight together
+# The next two are fitted together (least squared log error) on the H100 bf16 tunes of
+# row-major A (1:4, 2:8, 2:4 at L = 32; 8:32 at L = 64 and 128) and the earlier tune of
+# in-kernel gathers: results/untuned_h100/bf16_refit/model_study_mma.txt.
+STAGE_OVERHEAD_CYCLES = 481  # a stage's waits, two barriers, first latencies
+INDEX_COPY_CYCLES = 298  # a copy of a gathered row of K-major A: its row index read first
 
 
 class StageWork(NamedTuple):
@@ -111,14 +109,14 @@ def stage_mma_cycles(config: MmaConfig, gpu: GpuSpec) -> float:
 
 def stage_latency(config: MmaConfig, gpu: GpuSpec) -> float:
     """Cycles of one stage of a block alone on its SM: each warp's share of the copy and
-    gather iterations and its batches of row indices, then its MMAs on its scheduler's
-    tensor core (shared with the block's other warps there); at least the copy latency
-    over the stages ahead."""
+    gather iterations and the row indices its copies read, then its MMAs on its
+    scheduler's tensor core (shared with the block's other warps there), then the stage's
+    overhead; at least the copy latency over the stages ahead."""
     c, w = config, stage_work(config)
     sharing = math.ceil(c.threads / 32 / SUBCORES)  # the block's warps a scheduler
     iteration = max(LOOP_ITERATION_CYCLES, sharing * GATHER_INSTRUCTIONS)
     loops = (math.ceil(w.pairs / c.threads) + math.ceil(w.chunks / c.threads)) * iteration
-    loops += math.ceil(w.indexed / c.threads / INDEX_BATCH) * INDEX_LOAD_CYCLES
+    loops += w.indexed / c.threads * INDEX_COPY_CYCLES  # a thread's share of index reads
     mma_each = SUBCORES * stage_mma_cycles(c, gpu) / max(1, w.mmas)  # on one tensor core
     warp_mmas = (c.wm // 16) * (c.wn // 8)
     mma = c.bk // 16 * max(MMA_LATENCY_CYCLES, sharing * warp_mmas * mma_each)

@@ -3,9 +3,9 @@
 the bytes from DRAM (``estimate``), and the ranking (``RankTable``).
 
 - A family's ``Pipeline`` says how many cycles an SM takes for one stage of each of the
-  blocks resident on it (``round_cycles``): its throughput shared by them, or one block's
-  latency where few share it. Full waves run ``per_sm`` blocks an SM; the last wave's
-  blocks run as many an SM as it spreads to.
+  blocks resident on it (``round_cycles``); ``StageTime`` (mma's): one block's latency
+  plus its throughput times the blocks sharing the SM. Full waves run ``per_sm`` blocks
+  an SM; the last wave's blocks run as many an SM as it spreads to.
 - DRAM: A once (the transpose kernel's copy where the kernel reads one), the compressed
   values and the index table once, C written once, at ``BANDWIDTH_SHARE`` of the
   bandwidth, added to the stages' time (the families' fits, results/untuned_h100/bf16/:
@@ -52,16 +52,17 @@ class Pipeline(Protocol):
 
 
 class StageTime(NamedTuple):
-    """A block's pipeline on its SM: the SM's throughput shared by its resident blocks,
-    and no stage in less than one block's latency."""
+    """A block's pipeline on its SM: a stage of ``blocks`` resident blocks takes one
+    block's latency plus the SM's throughput for all of them (added: the H100 mma tunes
+    of results/untuned_h100/bf16_refit/ fit this better than the larger of the two)."""
 
-    cycles: float  # a stage of a block, on an SM shared by its resident blocks
+    cycles: float  # a stage of a block at the SM's throughput
     fill_cycles: float  # once a wave
     per_sm: int  # resident blocks an SM
-    latency: float = 0.0  # a stage of one block, however few share its SM
+    latency: float = 0.0  # a stage of one block's dependent steps, not overlapped
 
     def round_cycles(self, blocks: int) -> float:
-        return max(blocks * self.cycles, self.latency)
+        return self.latency + blocks * self.cycles
 
 
 def blocks_per_sm(config: TensorCoreConfig, gpu: GpuSpec) -> int:
