@@ -422,3 +422,273 @@ def test_fused_model_compiles_whole_and_loads_into_a_fresh_dense_one():
     assert isinstance(unfused.seq[1], nn.GELU)
     with torch.no_grad():
         assert rel_err(unfused(x), eager) < RTOL[torch.bfloat16]
+
+
+# ------------------------------------------------------------------------ sibling fusion
+class Attention(nn.Module):
+    """Llama's projections: q, k (narrower: grouped heads), v and o, no bias."""
+
+    def __init__(self, hidden: int = 64, kv: int = 32) -> None:
+        super().__init__()
+        self.q_proj = nn.Linear(hidden, hidden, bias=False)
+        self.k_proj = nn.Linear(hidden, kv, bias=False)
+        self.v_proj = nn.Linear(hidden, kv, bias=False)
+        self.o_proj = nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, 4, 16).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, 2, 16).transpose(1, 2).repeat_interleave(2, 1)
+        v = self.v_proj(x).view(b, t, 2, 16).transpose(1, 2).repeat_interleave(2, 1)
+        att = torch.softmax(q @ k.transpose(-1, -2) / 4, dim=-1) @ v
+        return self.o_proj(att.transpose(1, 2).reshape(b, t, -1))
+
+
+class LlamaMlp(nn.Module):
+    def __init__(self, hidden: int = 64, inter: int = 96, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=bias)
+        self.up_proj = nn.Linear(hidden, inter, bias=bias)
+        self.down_proj = nn.Linear(inter, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Decoder(nn.Module):
+    """Two Llama-like layers in plain torch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(64)
+        self.layers = nn.ModuleList(
+            nn.ModuleDict({"self_attn": Attention(), "mlp": LlamaMlp()}) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = x + layer["self_attn"](self.norm(x))
+            x = x + layer["mlp"](self.norm(x))
+        return x
+
+
+def decoders(dtype: torch.dtype = torch.float32, seed: int = 5) -> tuple[nn.Module, nn.Module]:
+    """The same sparsified decoder, unfused and fused."""
+    torch.manual_seed(seed)
+    plain = Decoder().to(dtype)
+    nmnn.sparsify(plain, PATTERN, VEC)
+    fused = copy.deepcopy(plain)
+    summary = nmnn.fuse_siblings(fused)
+    assert [g.holder for g in summary.fused] == [
+        f"layers.{i}.{name}" for i in (0, 1) for name in (
+            "self_attn.fused_q_proj_k_proj_v_proj",)] + [
+        f"layers.{i}.mlp.fused_gate_proj_up_proj" for i in (0, 1)]
+    assert not summary.skipped
+    return plain, fused
+
+
+def nm_linear_calls(counts: list[int]):
+    """A torch.compile backend that records how many nmgen::nm_linear calls each graph
+    holds, then runs the graph as traced."""
+    targets = (torch.ops.nmgen.nm_linear, torch.ops.nmgen.nm_linear.default)
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        counts.append(sum(1 for node in gm.graph.nodes
+                          if node.op == "call_function" and node.target in targets))
+        return gm.forward
+
+    return backend
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_fused_siblings_give_the_unfused_outputs_eager_and_compiled(dtype):
+    plain, fused = decoders(dtype)
+    attn = fused.layers[0]["self_attn"]
+    assert isinstance(attn.q_proj, nmnn.FusedSlice) and attn.k_proj.out_features == 32
+    assert isinstance(attn.fused_q_proj_k_proj_v_proj, nmnn.FusedLinear)
+    assert isinstance(attn.o_proj, nmnn.SparseLinear)  # reads another input
+    x = torch.randn(2, 5, 64).to(dtype)
+    for grad_mode in (torch.no_grad, torch.inference_mode):
+        with grad_mode():
+            expected = plain(x)
+            # CPU: every output column is the same float32 sum over K, fused or not
+            assert torch.equal(fused(x), expected)
+            assert attn.fused_q_proj_k_proj_v_proj._cache is None  # dropped after use
+            counts: list[int] = []
+            torch._dynamo.reset()
+            out = torch.compile(fused, backend=nm_linear_calls(counts), fullgraph=True)(x)
+            assert torch.equal(out, expected)
+            torch._dynamo.reset()
+            torch.compile(plain, backend=nm_linear_calls(counts), fullgraph=True)(x)
+            # one op per group: 2 layers × (qkv, o, gate/up, down) against 2 × 7 unfused
+            assert counts == [8, 14]
+    torch._dynamo.reset()
+    with torch.no_grad():  # inductor, fused against unfused (both compiled, fullgraph)
+        torch.testing.assert_close(torch.compile(fused, fullgraph=True)(x),
+                                   torch.compile(plain, fullgraph=True)(x),
+                                   rtol=1e-6 if dtype == torch.float32 else 1e-2, atol=1e-6)
+    torch._dynamo.reset()
+
+
+class Reuse(nn.Module):
+    """Siblings called on an input changed in place between them, or on other inputs."""
+
+    def __init__(self, inplace: bool = True) -> None:
+        super().__init__()
+        self.inplace = inplace
+        self.gate_proj = nn.Linear(64, 32)
+        self.up_proj = nn.Linear(64, 40)  # ragged last: 40 is not a multiple of L = 16
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * 1
+        gate = self.gate_proj(x)
+        if self.inplace:
+            x.mul_(2)
+        return torch.cat([gate, self.up_proj(x), self.gate_proj(x)], dim=-1)
+
+
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode],
+                         ids=["no_grad", "inference_mode"])
+def test_an_input_changed_in_place_between_siblings_is_not_served_stale(grad_mode):
+    torch.manual_seed(6)
+    plain = Reuse()
+    nmnn.sparsify(plain, PATTERN, VEC)
+    fused = copy.deepcopy(plain)
+    assert [g.out_features for g in nmnn.fuse_siblings(fused, [("gate_proj", "up_proj")])
+            .fused] == [(32, 40)]
+    holder = fused.fused_gate_proj_up_proj
+    x = torch.randn(3, 64)
+    with grad_mode():
+        expected = plain(x)
+        assert torch.equal(fused(x), expected)
+        assert holder._cache is None  # the parent's hook drops what was left
+        # called directly: another input, a changed input, a sibling called twice
+        y = torch.randn(3, 64)
+        assert torch.equal(fused.gate_proj(x), plain.gate_proj(x))
+        assert torch.equal(fused.up_proj(y), plain.up_proj(y))
+        assert torch.equal(fused.gate_proj(y), plain.gate_proj(y))
+        y.add_(1)
+        assert torch.equal(fused.up_proj(y), plain.up_proj(y))
+        assert torch.equal(fused.up_proj(y), plain.up_proj(y))
+        holder.drop()
+        # compiled whole: the comparison dynamo cannot prove is an error, never stale
+        for fullgraph in (True, False):
+            torch._dynamo.reset()
+            with pytest.raises(torch._dynamo.exc.Unsupported, match="[Dd]ata pointer"):
+                torch.compile(fused, fullgraph=fullgraph)(x)
+        holder.drop()
+        fused.inplace = plain.inplace = False
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(fused, fullgraph=True)(x), plain(x),
+                                   rtol=1e-6, atol=1e-6)
+    torch._dynamo.reset()
+
+
+def test_eager_sharing_is_keyed_on_the_input_object_and_its_version():
+    _, fused = decoders()
+    mlp = fused.layers[0]["mlp"]
+    holder = mlp.fused_gate_proj_up_proj
+    calls = []
+    holder.register_forward_hook(lambda module, args, out: calls.append(1))
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        mlp.gate_proj(x)
+        assert holder._cache is not None and holder._cache[0] is x
+        mlp.up_proj(x)
+        assert len(calls) == 1 and holder._cache is None  # one product for both
+        mlp.gate_proj(x)
+        mlp.up_proj(x.clone())  # another tensor of the same values: computed again
+        assert len(calls) == 3
+        # called outside the parent, whose forward hook drops what is left
+        assert holder._cache is not None
+        mlp(x)
+        assert len(calls) == 4 and holder._cache is None
+    with torch.inference_mode():  # inference tensors keep no version: each runs apart
+        x = torch.randn(4, 64)
+        mlp.gate_proj(x)
+        mlp.up_proj(x)
+        assert len(calls) == 4 and holder._cache is None
+
+
+def test_groups_that_cannot_fuse_are_reported_and_left_as_they_are():
+    torch.manual_seed(7)
+    model = nn.ModuleDict({
+        "a": Attention(),                       # v_proj left dense below
+        "b": LlamaMlp(),                        # fuses
+        "c": nn.ModuleDict({"gate_proj": nn.Linear(64, 40), "up_proj": nn.Linear(64, 48)}),
+        "d": nn.ModuleDict({"gate_proj": nn.Linear(64, 32, bias=False),
+                            "up_proj": nn.Linear(64, 32)}),
+        "e": nn.ModuleDict({"up_proj": nn.Linear(64, 32)}),
+        "f": LlamaMlp(),                        # a hook on gate_proj
+        "g": nn.ModuleDict({"gate_proj": nn.Linear(64, 32), "up_proj": nn.Linear(80, 32)}),
+    })
+    nmnn.sparsify(model["f"], PATTERN, VEC)
+    model["f"].gate_proj.register_forward_hook(lambda module, args, out: None)
+    summary = nmnn.sparsify(model, PATTERN, VEC, exclude="a.v_proj",
+                            siblings=nmnn.LLAMA_SIBLINGS)
+    assert [g.holder for g in summary.fused_groups] == ["b.fused_gate_proj_up_proj"]
+    reasons = {g.parent: g.reason for g in summary.unfused_groups}
+    assert reasons["a"] == "v_proj is a Linear, not a SparseLinear"
+    assert reasons["c"].startswith("out_features of gate_proj not a multiple of L = 16")
+    assert reasons["d"] == "bias differs: False, True"
+    assert reasons["e"] == "no gate_proj in ModuleDict"
+    assert reasons["g"] == "in_features differs: 64, 80"
+    assert reasons["f"] == "gate_proj has forward hooks (a fused layer would not call them)"
+    assert set(reasons) == {"a", "c", "d", "e", "f", "g"}
+    assert "siblings not fused d.{gate_proj, up_proj}: bias differs" in str(summary)
+    assert all(type(model[p][n]) is nmnn.SparseLinear for p in "cdg"
+               for n in ("gate_proj", "up_proj"))
+    again = nmnn.fuse_siblings(model)
+    assert {g.parent: g.reason for g in again.skipped}["b"] == "gate_proj is fused already"
+    with pytest.raises(ValueError, match="two or more distinct"):
+        nmnn.fuse_siblings(model, [("q_proj",)])
+
+
+def test_a_fused_model_saves_and_loads_as_the_unfused_one(tmp_path):
+    pytest.importorskip("safetensors")
+    plain, fused = decoders(torch.bfloat16)
+    state = fused.state_dict()
+    reference = plain.state_dict()
+    assert set(state) == set(reference)  # the holders' buffers are not state
+    assert all(torch.equal(state[k], v) for k, v in reference.items())
+    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        expected = fused(x)
+    path = tmp_path / "fused.safetensors"
+    nmnn.save_sparse(fused, path)
+    for source in (state, path):
+        torch.manual_seed(11)
+        fresh = Decoder().to(torch.bfloat16)  # dense, other weights
+        names = nmnn.load_sparse(fresh, source, siblings=nmnn.LLAMA_SIBLINGS)
+        assert len(names) == 14
+        assert isinstance(fresh.layers[1]["mlp"].up_proj, nmnn.FusedSlice)
+        with torch.no_grad():
+            assert torch.equal(fresh(x), expected)
+    # into a fused model of other weights: the columns are written into the holders
+    _, other = decoders(torch.bfloat16, seed=12)
+    nmnn.load_sparse(other, path)
+    other.load_state_dict(state)
+    with torch.no_grad():
+        assert torch.equal(other(x), expected)
+    # a state of another shape is refused with what to do
+    bad = dict(state)
+    bad["layers.0.self_attn.k_proj.nm_meta"] = torch.tensor([8, 32, 16, 64, 48])
+    with pytest.raises(RuntimeError, match="a fused sibling: nmgen.nn.load_sparse into the"):
+        other.load_state_dict(bad)
+    with pytest.raises(ValueError, match="load into the unfused model, then fuse_siblings"):
+        nmnn.load_sparse(other, bad)
+
+
+def test_fused_siblings_copy_move_and_densify():
+    plain, fused = decoders()
+    x = torch.randn(2, 3, 64)
+    with torch.no_grad():
+        expected = fused(x)
+        twin = copy.deepcopy(fused)
+        attn = twin.layers[0]["self_attn"]
+        assert attn.k_proj.holder is attn.fused_q_proj_k_proj_v_proj
+        assert torch.equal(twin(x), expected)
+        half = copy.deepcopy(fused).to(torch.bfloat16)
+        assert rel_err(half(x.to(torch.bfloat16)), expected) < RTOL[torch.bfloat16]
+        k = fused.layers[0]["self_attn"].k_proj
+        assert torch.equal(k.dense_weight(), plain.layers[0]["self_attn"].k_proj.dense_weight())
+        assert torch.equal(k.to_linear()(x), plain.layers[0]["self_attn"].k_proj.to_linear()(x))

@@ -7,6 +7,9 @@
 - ``torch.ops.nmgen.nm_linear``: the custom op the layers call (``torch.compile`` with
   ``fullgraph=True`` and CUDA graphs take it); CUDA tensors run nmgen's kernels, CPU
   tensors a float32 reference.
+- ``fuse_siblings(model, LLAMA_SIBLINGS)``: sibling layers that read the same input (q/k/v,
+  gate/up) computed as one product over their concatenated outputs (one op per group,
+  eager and under ``torch.compile``).
 - ``save_sparse`` / ``load_sparse``: a pruned model's state through safetensors, loaded
   into a fresh model without its dense weights; ``state_dict`` round-trips as usual.
 
@@ -23,6 +26,15 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "the rest of nmgen (import nmgen, nmgen.prune, nmgen.dispatch on CuPy arrays) "
         "works without it") from exc
 
+from .fuse import (
+    LLAMA_SIBLINGS,
+    FusedGroup,
+    FusedLinear,
+    FusedSlice,
+    FuseSummary,
+    SkippedGroup,
+    fuse_siblings,
+)
 from .io import load_sparse, save_sparse
 from .linear import SparseLinear
 from .ops import nm_linear, to_dense
@@ -37,12 +49,19 @@ from .sparsify import (
 )
 
 __all__ = [
+    "LLAMA_SIBLINGS",
+    "FuseSummary",
     "FusedActivation",
+    "FusedGroup",
+    "FusedLinear",
+    "FusedSlice",
     "LayerChange",
+    "SkippedGroup",
     "SkippedLayer",
     "SparseLinear",
     "SparsifySummary",
     "fuse_activations",
+    "fuse_siblings",
     "load_sparse",
     "nm_linear",
     "save_sparse",

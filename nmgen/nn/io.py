@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .fuse import FusedSlice, Groups, fuse_siblings
 from .linear import TORCH_DTYPES, SparseLinear
 from .sparsify import fuse_activations
 
@@ -37,14 +38,17 @@ def save_sparse(model: nn.Module, path: str | os.PathLike,
 
 
 def load_sparse(model: nn.Module, source: Source, *, strict: bool = True,
-                device: Any = None, fuse: bool = True) -> list[str]:
+                device: Any = None, fuse: bool = True,
+                siblings: Groups | None = None) -> list[str]:
     """Load a sparsified model's state (a safetensors file, or a ``state_dict``) into
     ``model``: every layer the state holds compressed is first made a ``SparseLinear`` of
     its pattern, L, shape, dtype and bias (in place of the model's ``nn.Linear``, on its
     device, or on ``device`` where given), then the state is loaded (``strict`` as in
     ``load_state_dict``). With ``fuse``, activations that directly follow those layers in
     an ``nn.Sequential`` are fused into them as ``sparsify`` does (the state holds no
-    activation). Returns the names of the sparse layers."""
+    activation). With ``siblings``, sibling groups are then fused (``fuse_siblings``; the
+    state is the same fused or not). Layers of ``model`` fused already (``FusedSlice``)
+    of the state's shape load in place. Returns the names of the sparse layers."""
     layers = _sparse_layers(source)
     for name, (meta, dtype, bias) in layers.items():
         _make_sparse(model, name, meta, dtype, bias, device)
@@ -54,6 +58,8 @@ def load_sparse(model: nn.Module, source: Source, *, strict: bool = True,
         model.load_state_dict(source, strict=strict)
     else:
         _safetensors().load_model(model, os.fspath(source), strict=strict)
+    if siblings is not None:
+        fuse_siblings(model, siblings)
     return list(layers)
 
 
@@ -91,6 +97,12 @@ def _make_sparse(model: nn.Module, name: str, meta: tuple[int, ...], dtype: torc
     if isinstance(module, SparseLinear) and module.meta == meta \
             and module.values.dtype == dtype and (module.bias is not None) == bias:
         return
+    if isinstance(module, FusedSlice):
+        if module.meta == meta and module.dtype == dtype and module.has_bias == bias:
+            return
+        raise ValueError(f"{name}: a fused sibling ({module.meta}, {module.dtype}, bias "
+                         f"{module.has_bias}); the state holds {tuple(meta)}, {dtype}, bias "
+                         f"{bias}: load into the unfused model, then fuse_siblings")
     n, m, vec, k, out = meta
     if isinstance(module, SparseLinear):
         here = module.values.device

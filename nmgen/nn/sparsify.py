@@ -15,6 +15,7 @@ from ..families.registry import serving
 from ..format import DType, Pattern
 from ..problem import Problem
 from ..shapes import MAX_DIM
+from .fuse import FusedGroup, Groups, SkippedGroup, fuse_siblings, group_label
 from .linear import SparseLinear
 
 # Which layers: a glob on the layer's dotted name, several (any matches), or a predicate.
@@ -59,13 +60,17 @@ class SparsifySummary:
     """What ``sparsify`` did: the layers replaced, those skipped with the reason, and the
     totals over the replaced layers. Parameters are weight and bias elements (the kept
     values after); bytes are those of the layers' state, indices included. ``fused``: the
-    activations the replaced layers took into their epilogue."""
+    activations the replaced layers took into their epilogue; ``fused_groups`` and
+    ``unfused_groups``: the sibling groups made one product, and those left apart with the
+    reason (``siblings=``)."""
 
     pattern: str
     vec: int
     replaced: list[LayerChange] = field(default_factory=list)
     skipped: list[SkippedLayer] = field(default_factory=list)
     fused: list[FusedActivation] = field(default_factory=list)
+    fused_groups: list[FusedGroup] = field(default_factory=list)
+    unfused_groups: list[SkippedGroup] = field(default_factory=list)
 
     @property
     def params_before(self) -> int:
@@ -100,6 +105,10 @@ class SparsifySummary:
         lines += [f"  fused {f.module} ({f.activation}) into {f.layer}'s epilogue"
                   for f in self.fused]
         lines += [f"  skipped {s.name}: {s.reason}" for s in self.skipped]
+        lines += [f"  fused siblings {group_label(g.parent, g.names)} -> {g.holder}"
+                  for g in self.fused_groups]
+        lines += [f"  siblings not fused {group_label(g.parent, g.names)}: {g.reason}"
+                  for g in self.unfused_groups]
         return "\n".join(lines)
 
 
@@ -156,7 +165,7 @@ def _shared_weights(model: nn.Module) -> set[int]:
 # ------------------------------------------------------------------------ sparsify
 def sparsify(model: nn.Module, pattern: str | tuple[int, int] | Pattern, vec: int, *,
              include: Selector | None = None, exclude: Selector | None = None,
-             fuse: bool = True) -> SparsifySummary:
+             fuse: bool = True, siblings: Groups | None = None) -> SparsifySummary:
     """Replace, in place, every ``nn.Linear`` of ``model`` whose dotted name matches
     ``include`` (default: all) and not ``exclude`` by ``SparseLinear.from_dense(linear,
     pattern, vec)``. A selector is a glob (``"*.mlp.*"``), a list of globs, or a
@@ -164,7 +173,11 @@ def sparsify(model: nn.Module, pattern: str | tuple[int, int] | Pattern, vec: in
     a tied or directly read weight, an ``nn.Linear`` subclass, non-finite values) are
     left as they are and listed in the summary with the reason. With ``fuse``, an
     activation module that directly follows a replaced layer in an ``nn.Sequential``
-    (``fuse_activations``) becomes part of the layer."""
+    (``fuse_activations``) becomes part of the layer. With ``siblings`` (groups of child
+    names, e.g. ``nmgen.nn.LLAMA_SIBLINGS``), each group of replaced layers of one parent
+    that read the same input becomes one product (``fuse_siblings``; off by default: the
+    layers become ``FusedSlice`` modules whose outputs are views, and it pays only where
+    the model calls them on the same tensor)."""
     pat = Pattern.parse(pattern)
     if isinstance(vec, bool) or not isinstance(vec, int) or vec < 1:
         raise ValueError(f"vec {vec!r}: the vector length L must be a positive integer")
@@ -187,6 +200,9 @@ def sparsify(model: nn.Module, pattern: str | tuple[int, int] | Pattern, vec: in
             summary.skipped.append(SkippedLayer(name, reason))
     if fuse:
         summary.fused = fuse_activations(model, {c.name for c in summary.replaced})
+    if siblings is not None:
+        fused = fuse_siblings(model, siblings)
+        summary.fused_groups, summary.unfused_groups = fused.fused, fused.skipped
     return summary
 
 
