@@ -133,7 +133,7 @@ PINNED = {
     ("wgmma", "model"):
         "4d104fe14cf5bb5412c53f44a3666284eca7a1d27d75a9a22eb6137f9fff732e",
     ("wgmma", "sources"):
-        "5755beb09d5691475382ab7172a99ef5de38e6dd0c121aafc27e9d8a1022aedc",
+        "09d633c25e0237e76c10267d8da1ea5531688a5e27a82b2ad8b4ceb56fa6bab6",
     ("wgmma", "weight"):
         "166cad218952c03e553995519f52f99db7976bf909f6777b4f220a89700b84e4",
 }

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,23 +60,34 @@ class Wgmma(TensorCoreFamily):
         return (config.bm, config.bn, config.windows, config.warpgroups)
 
     def seed_variants(self, best: WgmmaConfig, space: SearchSpace) -> list[WgmmaConfig]:
-        """The best guess on a persistent grid (not enumerated: searched and seeded)."""
-        return self._persistent_twin(best, space)
+        """The best guess on a persistent grid and with its row indices read further
+        ahead (neither enumerated: searched and seeded)."""
+        return self._twins(best, space)
 
     def refinements(self, config: WgmmaConfig) -> list[WgmmaConfig]:
-        """The persistent twin of a tuned winner."""
-        return self._persistent_twin(config, self.space)
+        """The persistent and index-lead twins of a tuned winner."""
+        return self._twins(config, self.space)
 
     @staticmethod
-    def _persistent_twin(config: WgmmaConfig, space: SearchSpace) -> list[WgmmaConfig]:
+    def _twins(config: WgmmaConfig, space: SearchSpace) -> list[WgmmaConfig]:
+        """``config`` on a persistent grid, then with each longer index lead the space
+        allows (a grid of tiles with shared copies and the default lead only); those that
+        break a rule left out. The model has no index-lead term: its twins tie ``config``
+        and are picked only where something else ranks them (the search)."""
         problem = Problem(config.n, config.m, config.vec, config.a_layout, config.arch,
                           config.dtype)
-        if config.persistent or True not in space.choices(problem).get("persistent", ()):
-            return []
-        try:
-            return [config.replace(persistent=True)]
-        except ConfigError:
-            return []
+        choices = space.choices(problem)
+        changes: list[dict[str, Any]] = []
+        if not config.persistent and True in choices.get("persistent", ()):
+            changes.append({"persistent": True})
+        if config.index_lead == 1:
+            changes += [{"index_lead": lead} for lead in choices.get("index_lead", ())
+                        if lead > 1]
+        twins = []
+        for change in changes:
+            with contextlib.suppress(ConfigError):
+                twins.append(config.replace(**change))
+        return twins
 
     def template_arguments(self, config: WgmmaConfig) -> dict[str, Any]:
         return render.template_arguments(config)

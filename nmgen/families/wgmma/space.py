@@ -18,25 +18,32 @@ SPACE_PARAMS = (
     # A grid of the resident blocks, each walking tiles: searched and seeded, not
     # enumerated (the model's own choice) until a GPU has timed it against its twins.
     Param("persistent", (False, True), enumerated=(False,)),
+    # Main-loop iterations between a stage's row-index read and its copies (shared copies
+    # on a grid of tiles): searched and seeded, not enumerated; the model has no term for
+    # it (its fitted stage latency holds the index read unsplit) until a GPU has timed it.
+    Param("index_lead", (1, 2, 3), enumerated=(1,)),
 )
 
 
 class _Mapping(TensorCoreMapping):
-    """The tensor-core parameters, the producer (by its value) and the persistent grid."""
+    """The tensor-core parameters, the producer (by its value), the persistent grid and
+    the index lead."""
 
     config_type = WgmmaConfig
 
     @property
     def names(self) -> tuple[str, ...]:
-        return (*super().names, "producer", "persistent")
+        return (*super().names, "producer", "persistent", "index_lead")
 
     def values_of(self, config: WgmmaConfig) -> dict[str, Any]:
         return {**super().values_of(config), "producer": config.producer.value,
-                "persistent": config.persistent}
+                "persistent": config.persistent, "index_lead": config.index_lead}
 
     def quick_reject(self, values: dict[str, Any]) -> bool:
         tiles_m, rest = divmod(values["bm"], 64 * values["warpgroups"])
-        return rest != 0 or not 1 <= tiles_m <= 2
+        led = values["index_lead"] != 1 and (values["producer"] != "shared"
+                                              or values["persistent"])
+        return rest != 0 or not 1 <= tiles_m <= 2 or led
 
 
 SPACE = SearchSpace(FAMILY, SPACE_PARAMS, _Mapping())
