@@ -95,11 +95,62 @@ def test_a_persistent_grid_is_searched_and_seeded_not_enumerated():
     problem = Problem(8, 32, 128, ALayout.K_MAJOR, dtype="bf16")
     assert True in WGMMA.space.choices(problem)["persistent"]
     assert not any(c.persistent for c in WGMMA.seed_candidates(problem, WGMMA.space))
-    assert WGMMA.seed_variants(CONFIG, WGMMA.space) == [PERSISTENT]
-    assert WGMMA.refinements(CONFIG) == [PERSISTENT]
+    assert WGMMA.seed_variants(CONFIG, WGMMA.space) == [PERSISTENT, *LEADS]
+    assert WGMMA.refinements(CONFIG) == [PERSISTENT, *LEADS]
     assert WGMMA.refinements(PERSISTENT) == []
     assert WGMMA.refinements(WARP) == [WARP.replace(persistent=True)]
-    assert WGMMA.seed_variants(CONFIG, WGMMA.space.narrowed(persistent=(False,))) == []
+    assert WGMMA.seed_variants(CONFIG, WGMMA.space.narrowed(persistent=(False,))) == LEADS
+    assert WGMMA.seed_variants(CONFIG, WGMMA.space.narrowed(persistent=(False,),
+                                                            index_lead=(1,))) == []
+
+
+LEAD = CONFIG.replace(index_lead=2)  # row indices read two iterations before their copies
+LEADS = [LEAD, CONFIG.replace(index_lead=3)]
+
+
+def test_an_index_lead_is_named_and_stored_only_where_it_is_not_one():
+    assert LEAD.name == "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_i2_km_sm90a"
+    assert LEADS[1].name == "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_i3_km_sm90a"
+    for config in LEADS:
+        assert WgmmaConfig.from_name(config.name) == config
+        assert config_from_name(config.name) == config
+        assert config_from_dict(config.to_dict()) == config
+        assert WgmmaConfig.from_json(config.to_json()) == config
+    assert LEAD.to_dict()["index_lead"] == 2 and "index_lead" not in CONFIG.to_dict()
+    assert config_from_dict({**CONFIG.to_dict(), "index_lead": 1}) == CONFIG
+    # the default lead's name, JSON and source are those it always had
+    assert "_i1" not in CONFIG.name and "INDEX_LEAD" not in nmgen.render(CONFIG).code
+    assert "index_lead" not in nmgen.render(CONFIG).code
+    other = LEAD.replace(dtype="f16", bn=64, bm=256, epilogue="bias_gelu", a_layout="rm")
+    assert other.name == "nm_wgmma_f16_n8m32l128_b256x64x64_g2_s4_i2_rm_sm90a_bias_gelu"
+    assert config_from_name(other.name) == other
+    assert LEAD.smem_bytes == CONFIG.smem_bytes and LEAD.threads == CONFIG.threads
+    for name in ("nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_i1_km_sm90a",  # never named
+                 "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_i2_p_km_sm90a"):  # _i last
+        with pytest.raises(nmgen.ConfigError, match="not a wgmma kernel name"):
+            WgmmaConfig.from_name(name)
+    with pytest.raises(nmgen.ConfigError, match="index_lead <= 3"):
+        WgmmaConfig.from_name("nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_i4_km_sm90a")
+    with pytest.raises(nmgen.ConfigError, match="only with shared copies on a grid of tiles"):
+        WgmmaConfig.from_name("nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_ws_i2_km_sm90a")
+
+
+def test_an_index_lead_is_searched_and_seeded_not_enumerated_and_not_modelled():
+    problem = Problem(8, 32, 128, ALayout.K_MAJOR, dtype="bf16")
+    assert WGMMA.space.choices(problem)["index_lead"] == (1, 2, 3)
+    assert all(c.index_lead == 1 for c in WGMMA.seed_candidates(problem, WGMMA.space))
+    assert WGMMA.refinements(LEAD) == [] and WGMMA.seed_variants(WARP, WGMMA.space) == [
+        WARP.replace(persistent=True)]
+    # the space refuses it beside a producer warpgroup or a persistent grid, cheaply
+    values = WGMMA.space.values_of(LEAD)
+    assert WGMMA.space.config(problem, values) == LEAD
+    for change in ({"producer": "warp"}, {"persistent": True}):
+        assert WGMMA.space.mapping.quick_reject({**values, **change})
+        assert WGMMA.space.config(problem, {**values, **change}) is None
+    # no model term: the model's stage latency holds the index read (fitted, unsplit)
+    for shape in [(4096, 4096, 4096), (128, 11008, 4096)]:
+        assert {estimate(c, H100, *shape).time_ms for c in [CONFIG, *LEADS]} == {
+            estimate(CONFIG, H100, *shape).time_ms}
 
 
 @pytest.mark.parametrize("change, rule", [
@@ -118,6 +169,10 @@ def test_a_persistent_grid_is_searched_and_seeded_not_enumerated():
     (dict(windows=16, stages=6, bm=256), "shared memory"),
     (dict(n=0), "sizes >= 1"),
     (dict(arch="sm_75"), "arch="),
+    (dict(index_lead=0), "1 <= index_lead <= 3"),
+    (dict(index_lead=4), "1 <= index_lead <= 3"),
+    (dict(index_lead=2, producer="warp"), "index_lead > 1 only with shared copies"),
+    (dict(index_lead=3, persistent=True), "index_lead > 1 only with shared copies"),
 ])
 def test_rules_name_what_they_need(change, rule):
     values = {**CONFIG.to_dict(), **change}
@@ -200,16 +255,17 @@ def test_space_enumerates_and_samples_valid_configurations(problem):
     # are searched (below), not enumerated
     shared = {c.name for c in configs if c.producer is Producer.SHARED}
     assert {c.replace(producer="shared").name for c in configs if c.specialized} == shared
-    assert not any(c.persistent for c in configs)
+    assert not any(c.persistent or c.index_lead != 1 for c in configs)
     rng = random.Random(0)
-    drawn, persistent = set(), set()
+    drawn, persistent, leads = set(), set(), set()
     for _ in range(40):
         config = WGMMA.space.sample(problem, rng)
         assert WGMMA.space.config(problem, WGMMA.space.values_of(config)) == config
         assert WgmmaConfig.from_name(config.name) == config
         drawn.add(config.producer)
         persistent.add(config.persistent)
-    assert drawn == set(Producer) and persistent == {False, True}
+        leads.add(config.index_lead)
+    assert drawn == set(Producer) and persistent == {False, True} and leads == {1, 2, 3}
 
 
 def test_selftest_draws_producer_warpgroups_through_the_space():
@@ -310,6 +366,26 @@ def test_render_of_a_persistent_producer_warpgroup():
     assert "for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x)" in kernel
     assert kernel.count("store_tile(") == 1 and "epilogue(" not in kernel
     assert kernel.index("wgmma_wait<0>();") < kernel.index("store_tile(")
+
+
+@pytest.mark.parametrize("lead", [2, 3])
+def test_render_of_an_index_lead(lead):
+    config = CONFIG.replace(index_lead=lead, epilogue="bias")
+    code = nmgen.render(config).code
+    kernel = code.split('extern "C"')[1]
+    assert f"//   index_lead = {lead}" in code and f"// Index lead {lead}:" in code
+    assert f"constexpr int INDEX_LEAD = {lead};" in code
+    # a register shift register, filled before the first stages' copies and read at its
+    # head; the indices INDEX_LEAD stages after the copied one read while they are issued
+    assert "int ks[INDEX_LEAD][A_PER_THREAD];" in kernel
+    assert kernel.index("int ks[INDEX_LEAD]") < kernel.index("int first[A_PER_THREAD];")
+    assert "load_stage(smem + buffer, smem_sh + buffer, next, ks[0]," in kernel
+    assert "ks[i][j] = ks[i + 1][j];" in kernel
+    assert ("if (next + INDEX_LEAD < stages_total)\n"
+            "                stage_rows(ks[INDEX_LEAD - 1], plan, group_rows, next + INDEX_LEAD);"
+            in kernel)
+    assert kernel.count("__syncthreads()") == 1 and "mbarrier" not in code
+    assert "epilogue(x0, bias, col)" in code and f"== {config.smem_bytes}" in code
 
 
 @pytest.mark.parametrize("a_vec_path", ["cp.async.mbarrier.arrive.noinc.shared::cta.b64",
@@ -630,6 +706,29 @@ NVCC_PERSISTENT = [
 ]
 
 
+# Index leads: ptxas (CUDA 13.0) registers, the lead-1 twin's after the slash; 0 bytes stack
+# frame, no spills (check_resources) and no local loads or stores in the PTX (the shift
+# register's indices are constant)
+NVCC_INDEX_LEAD = [
+    "nm_wgmma_bf16_n16m32l128_b128x128x32_g2_s4_i2_km_sm90a",  # 112 / 108
+    "nm_wgmma_bf16_n16m32l128_b128x128x32_g2_s4_i3_km_sm90a",  # 112 / 108
+    "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_i2_km_sm90a",  # 112 / 108
+    "nm_wgmma_bf16_n4m32l128_b128x128x32_g2_s4_i3_km_sm90a",  # 112 / 108
+    "nm_wgmma_bf16_n16m32l128_b128x128x64_g2_s3_i2_km_sm90a",  # 115 / 109
+    "nm_wgmma_bf16_n16m32l128_b128x128x64_g2_s3_i3_km_sm90a",  # 114 / 109
+    "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_i2_km_sm90a",  # 118 / 108
+    "nm_wgmma_bf16_n4m32l128_b128x128x64_g2_s4_i3_km_sm90a",  # 114
+    "nm_wgmma_bf16_n16m32l128_b128x128x64_g1_s3_i2_rm_sm90a",  # 190 / 174: row-major A
+    "nm_wgmma_bf16_n16m32l128_b128x128x64_g1_s3_i3_rm_sm90a",  # 198 / 174
+    "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_i3_rm_sm90a_bias",  # 112 / 108
+    "nm_wgmma_bf16_n16m64l128_b128x128x128_g2_s3_i3_km_sm90a_bias_silu",  # 146 / 122
+    "nm_wgmma_bf16_n8m32l128_b256x128x64_g2_s3_i3_km_sm90a",  # 203 / 187: two m64 tiles
+    "nm_wgmma_bf16_n8m32l256_b128x256x64_g2_s3_i3_km_sm90a",  # 185 / 176: n256
+    "nm_wgmma_f16_n2m4l64_b128x64x16_g2_s3_i2_km_sm90a",  # 64 / 64
+    "nm_wgmma_bf16_n3m7l128_b64x128x48_g1_s3_i3_km_sm90a",  # 110 / 106
+]
+
+
 def check_resources(config: WgmmaConfig) -> None:
     from nmgen.build.nvcc import compile_with_nvcc
 
@@ -652,6 +751,19 @@ def check_resources(config: WgmmaConfig) -> None:
 @pytest.mark.parametrize("name", NVCC_CONFIGS + NVCC_PERSISTENT)
 def test_named_configurations_compile_without_spills(name):
     check_resources(WgmmaConfig.from_name(name))
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", NVCC_INDEX_LEAD)
+def test_index_leads_compile_without_spills_or_local_memory(name):
+    import re
+
+    from nmgen.build.nvcc import compile_with_nvcc
+
+    config = WgmmaConfig.from_name(name)
+    check_resources(config)
+    ptx = compile_with_nvcc(nmgen.render(config), output="ptx").path.read_text()
+    assert not re.search(r"ld\.local|st\.local|__local_depot", ptx), name
 
 
 @pytest.mark.nvcc
@@ -758,7 +870,7 @@ def test_the_kernel_is_hgmma_with_both_operands_transposed(tmp_path):
 def test_sampled_persistent_configurations_compile_without_spills(seed):
     rng = random.Random(100 + seed)
     config = sample_config(rng)
-    check_resources(config.replace(persistent=True,
+    check_resources(config.replace(persistent=True, index_lead=1,  # leads: tiles only
                                    epilogue=rng.choice([None, "bias", "bias_gelu"])))
 
 
