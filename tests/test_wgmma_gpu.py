@@ -9,7 +9,9 @@ walking tiles, one stream of copies across them) run shapes of many tiles a bloc
 of one stage a tile. Kernels with a producer warpgroup (``producer="warp"``,
 mbarriers instead of block barriers, some with setmaxnreg) are drawn by the space too, and
 a hand-picked few (row-major A among them: the K-major copy read as the shared kernel
-reads it) run odd shapes with K deep enough for many passes over the stages. The
+reads it) run odd shapes with K deep enough for many passes over the stages. Index leads
+(``index_lead`` 2 and 3: row indices read that many iterations before their copies) run
+the same odd shapes and K of fewer stages than the lead. The
 reference is the float64 product of the rounded inputs; the tolerance is the mma family's
 (``test_mma_gpu.tolerance``): the output's rounding and the FP32 accumulation of K
 products.
@@ -121,7 +123,12 @@ TILES = ["nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_km_sm90a",
          "nm_wgmma_bf16_n4m32l128_b128x128x32_g2_s4_p_km_sm90a",
          "nm_wgmma_bf16_n8m32l128_b256x128x64_g2_s3_p_km_sm90a",
          "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_p_rm_sm90a",
-         "nm_wgmma_bf16_n16m32l128_b256x128x32_g2_s5_ws_p_km_sm90a"]
+         "nm_wgmma_bf16_n16m32l128_b256x128x32_g2_s5_ws_p_km_sm90a",
+         # index leads
+         "nm_wgmma_bf16_n16m32l128_b128x128x32_g2_s4_i2_km_sm90a",
+         "nm_wgmma_bf16_n4m32l128_b128x128x32_g2_s4_i3_km_sm90a",
+         "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s3_i3_km_sm90a",
+         "nm_wgmma_bf16_n16m32l128_b128x128x64_g1_s3_i2_rm_sm90a"]
 
 
 @pytest.mark.parametrize("name", TILES)
@@ -197,6 +204,31 @@ PERSISTENT_SHAPES = [(4097, 4100, 77, "none"), (3001, 2049, 700, "odd"),
 @pytest.mark.parametrize("name", PERSISTENT)
 def test_persistent_grid_on_odd_shapes_matches_float64(name, gpu_cases):
     check_odd_shapes(name, PERSISTENT_SHAPES, gpu_cases)
+
+
+# Index leads: (name, what it exercises)
+INDEX_LEAD = ["nm_wgmma_bf16_n16m32l128_b128x128x32_g2_s4_i2_km_sm90a",  # the probe's tile
+              "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_i3_km_sm90a",
+              "nm_wgmma_bf16_n4m32l128_b128x128x32_g2_s5_i3_km_sm90a",  # 5 stages
+              "nm_wgmma_bf16_n16m32l128_b128x128x64_g2_s3_i2_km_sm90a",  # one stage ahead
+              "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_i3_km_sm90a",
+              "nm_wgmma_bf16_n16m32l128_b128x128x64_g1_s3_i2_rm_sm90a",  # row-major A
+              "nm_wgmma_f16_n8m32l128_b128x128x32_g2_s4_i3_rm_sm90a_bias_silu",
+              "nm_wgmma_bf16_n3m7l128_b64x128x48_g1_s3_i3_km_sm90a",  # odd pattern
+              "nm_wgmma_f16_n2m4l64_b128x64x16_g2_s6_i2_km_sm90a_bias",  # 6 stages
+              "nm_wgmma_bf16_n16m64l128_b128x128x128_g2_s3_i3_km_sm90a_bias_gelu",
+              "nm_wgmma_bf16_n8m32l128_b256x128x64_g2_s3_i2_km_sm90a",  # two m64 tiles
+              "nm_wgmma_bf16_n4m32l256_b64x256x64_g1_s3_i3_km_sm90a"]  # n256
+# (M, N, K, A's row padding): the producer's odd shapes (one stage, many, unaligned and
+# wide A), then K of two to five stages of the 32- and 64-row tiles (fewer than the lead
+# and the stages ahead, and just past them), K not a multiple of m
+INDEX_LEAD_SHAPES = WARP_SHAPES + [(33, 130, 130, "none"), (200, 300, 200, "wide"),
+                                   (70, 64, 330, "odd"), (129, 129, 97, "none")]
+
+
+@pytest.mark.parametrize("name", INDEX_LEAD)
+def test_index_lead_on_odd_shapes_matches_float64(name, gpu_cases):
+    check_odd_shapes(name, INDEX_LEAD_SHAPES, gpu_cases)
 
 
 LARGE = [Problem(8, 32, 128, ALayout.K_MAJOR, dtype="bf16"),
