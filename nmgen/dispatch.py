@@ -122,7 +122,7 @@ class Dispatcher:
         self._write_url = write_url
         self._calibrate = calibrate
         self._engines: list[Any] | None = None
-        self._engine_urls: list[str] = []
+        self._older: dict[str, int] = {}  # problems of an older generator, by database
         self._related: dict[tuple, list[RelatedRecord]] = {}
         self._decisions: dict[tuple, Decision] = {}
         self._ranked: dict[tuple, list[Decision]] = {}
@@ -145,8 +145,8 @@ class Dispatcher:
             else:  # the user's database, made by the first quick tune's results
                 urls = [u for u in urls if not (u == self._writable() and _missing_file(u))]
             self._engines = [connect(u, writable=False) for u in urls]
-            self._engine_urls = urls
-            for url, count in self.older_generator_problems().items():
+            self._older = _older_generator_problems(urls, self._engines)
+            for url, count in self._older.items():
                 warnings.warn(f"nmgen.dispatch: {url} holds {count} problems tuned by an "
                               "older generator, which no decision reads; `nmgen carry "
                               "--from-rev REV --db URL` re-keys the records of kernels "
@@ -155,15 +155,10 @@ class Dispatcher:
 
     def older_generator_problems(self) -> dict[str, int]:
         """Per database read, its problems keyed on a generator that is no longer current
-        (a change of a family's templates orphans its records until ``nmgen carry``)."""
-        current = {family.generator_hash() for family in all_families()}
-        engines, out = self._dbs(), {}
-        for url, engine in zip(self._engine_urls, engines, strict=True):
-            count = sum(n for generator, n in problems_by_generator(engine).items()
-                        if generator not in current)
-            if count:
-                out[url] = count
-        return out
+        (a change of a family's templates orphans its records until ``nmgen carry``);
+        counted once, when the databases are opened."""
+        self._dbs()
+        return dict(self._older)
 
     def decide(self, problem: Problem, shape: tuple[int, int, int],
                epilogue: Epilogue = NO_EPILOGUE) -> Decision:
@@ -416,6 +411,17 @@ class Dispatcher:
                       f"N={n} K={k}; using the {decision.source} choice "
                       f"{decision.config.name} (said once; nmgen.dispatch_stats() counts "
                       "every fallback)", stacklevel=4)
+
+
+def _older_generator_problems(urls: Sequence[str], engines: Sequence[Any]) -> dict[str, int]:
+    current = {family.generator_hash() for family in all_families()}
+    out = {}
+    for url, engine in zip(urls, engines, strict=True):
+        count = sum(n for generator, n in problems_by_generator(engine).items()
+                    if generator not in current)
+        if count:
+            out[url] = count
+    return out
 
 
 def _missing_file(url: str) -> bool:
