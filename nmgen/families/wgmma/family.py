@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 from ...gpus import Arch, GpuSpec
 from ...problem import Problem
 from ...shapes import Shape
-from ..space import ConfigError, SearchSpace
 from ..tensor_core.config import DTYPES
 from ..tensor_core.family import TensorCoreFamily
 from ..tensor_core.model import RankTable
@@ -58,34 +56,6 @@ class Wgmma(TensorCoreFamily):
     def seed_shape(self, config: WgmmaConfig) -> tuple:
         """Seeds differ in more than their pipeline depth."""
         return (config.bm, config.bn, config.windows, config.warpgroups)
-
-    def seed_variants(self, best: WgmmaConfig, space: SearchSpace) -> list[WgmmaConfig]:
-        """The best guess with its row indices read further ahead (not enumerated:
-        searched and seeded)."""
-        return self._lead_twins(best, space)
-
-    def refinements(self, config: WgmmaConfig) -> list[WgmmaConfig]:
-        """The index-lead twins of a tuned winner."""
-        return self._lead_twins(config, self.space)
-
-    @staticmethod
-    def _lead_twins(config: WgmmaConfig, space: SearchSpace) -> list[WgmmaConfig]:
-        """``config`` with each longer index lead the space allows (a grid of tiles with
-        shared copies and the default lead only); those that break a rule left out. The
-        model has no index-lead term: its twins tie ``config`` and are timed only as seeds
-        or where the search draws them. Persistent grids are searched but not seeded:
-        they ran 0.98-1.01x their twins at 4096^3 on an H200
-        (results/wgmma_h100/persistent/h200.txt)."""
-        if config.index_lead != 1:
-            return []
-        problem = Problem(config.n, config.m, config.vec, config.a_layout, config.arch,
-                          config.dtype)
-        twins = []
-        for lead in space.choices(problem).get("index_lead", ()):
-            if lead > 1:
-                with contextlib.suppress(ConfigError):
-                    twins.append(config.replace(index_lead=lead))
-        return twins
 
     def template_arguments(self, config: WgmmaConfig) -> dict[str, Any]:
         return render.template_arguments(config)

@@ -15,11 +15,11 @@ SPACE_PARAMS = (
     Param("warpgroups", (1, 2, 4)),  # 4: 256-row tiles of one m64 tile a warpgroup
     Param("stages", (3, 4, 5)),
     Param("producer", ("shared", "warp")),  # who copies the stages in (config.Producer)
-    # A grid of the resident blocks, each walking tiles: searched and seeded, not
-    # enumerated (the model's own choice) until a GPU has timed it against its twins.
+    # A grid of the resident blocks, each walking tiles: searched, not enumerated
+    # nor seeded (it ran no faster than its twins: results/wgmma_h100/persistent/).
     Param("persistent", (False, True), enumerated=(False,)),
     # Main-loop iterations between a stage's row-index read and its copies (shared copies
-    # on a grid of tiles): searched and seeded, not enumerated; the model has no term for
+    # on a grid of tiles): searched, not enumerated nor seeded; the model has no term for
     # it (its fitted stage latency holds the index read unsplit) until a GPU has timed it.
     Param("index_lead", (1, 2, 3), enumerated=(1,)),
 )
