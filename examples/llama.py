@@ -82,6 +82,8 @@ class Row:
     bytes_saved: int | None = None
     error: str | None = None
     notes: list[str] = field(default_factory=list)
+    # GPU time of one batch-1 decode step by kernel kind (µs), with --profile-steps
+    decode_step_us: dict[str, float] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------ the model
@@ -232,22 +234,77 @@ def prefill_ms(fn: Any, model: nn.Module, calls: Calls, args: argparse.Namespace
 
 
 def decode_tokens_s(fn: Any, model: nn.Module, calls: Calls, args: argparse.Namespace,
-                    batch: int, vocab: int) -> float:
-    """Greedy decode at ``batch``: batch × steps after warm-up over their wall time."""
-    length = args.context + args.warmup + args.steps
+                    batch: int, vocab: int, row: Row | None = None) -> float:
+    """Greedy decode at ``batch``: batch × steps after warm-up over their wall time. With
+    ``--profile-steps`` at batch 1, that many more steps are profiled into ``row``."""
+    profiled = args.profile_steps if row is not None and batch == 1 else 0
+    length = args.context + args.warmup + args.steps + profiled
     positions = torch.arange(length, device=model.device)[None]
     cache = static_cache(model, batch, length)
     ids = torch.randint(vocab, (batch, args.context), device=model.device)
     token = calls.logits(model, ids, positions[:, :args.context], cache).argmax(-1)
-    for i in range(args.warmup + args.steps):
-        if i == args.warmup:
-            sync()
-            start = time.perf_counter()
-        at = args.context + i
+    at = args.context
+
+    def step() -> None:
+        nonlocal token, at
         torch.compiler.cudagraph_mark_step_begin()
         token = calls.logits(fn, token, positions[:, at:at + 1], cache).argmax(-1)
+        at += 1
+
+    for _ in range(args.warmup):
+        step()
     sync()
-    return batch * args.steps / (time.perf_counter() - start)
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    sync()
+    tokens_s = batch * args.steps / (time.perf_counter() - start)
+    if profiled:
+        row.decode_step_us = profile_steps(step, profiled)
+    return tokens_s
+
+
+def kernel_kind(name: str) -> str:
+    """The kind of a CUDA kernel by its name: nmgen's, a dense GEMM, attention, the rest."""
+    lowered = name.lower()
+    if lowered.startswith(("nm_", "nmgen::")):
+        return "nmgen"
+    if any(tag in lowered for tag in ("gemm", "nvjet", "cutlass", "xmma", "gemv", "cublas")):
+        return "dense GEMM"
+    if any(tag in lowered for tag in ("flash", "fmha", "attention", "sdpa")):
+        return "attention"
+    return "other"
+
+
+def profile_steps(step: Any, count: int) -> dict[str, float]:
+    """GPU time per decode step by kernel kind (µs), from ``torch.profiler`` over
+    ``count`` steps; ``total`` is their sum, ``kernels`` the kernels a step launches.
+    Without CUDA (a smoke test) the same of the CPU's top-level ops."""
+    from torch.profiler import ProfilerActivity, profile
+
+    gpu = torch.cuda.is_available()
+    with profile(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU]) as prof:
+        for _ in range(count):
+            step()
+        sync()
+    out: dict[str, float] = {}
+    launches = 0
+    for event in prof.key_averages():
+        if gpu:
+            us = getattr(event, "self_device_time_total", None)
+            if us is None:  # an older torch
+                us = getattr(event, "self_cuda_time_total", 0.0)
+        else:
+            us = event.self_cpu_time_total if event.key.startswith(("aten::", "nmgen::")) else 0
+        if us <= 0:
+            continue
+        kind = kernel_kind(event.key)
+        out[kind] = out.get(kind, 0.0) + us / count
+        launches += event.count
+    out = {kind: round(us, 1) for kind, us in sorted(out.items())}
+    out["total"] = round(sum(out.values()), 1)
+    out["kernels"] = round(launches / count, 1)
+    return out
 
 
 def measure(row: Row, model: nn.Module, calls: Calls, args: argparse.Namespace,
@@ -262,7 +319,7 @@ def measure(row: Row, model: nn.Module, calls: Calls, args: argparse.Namespace,
         row.prefill_ms = prefill_ms(fn, model, calls, args, vocab)
         for batch in args.batches:
             row.decode_tokens_s[batch] = decode_tokens_s(fn, model, calls, args, batch,
-                                                         vocab)
+                                                         vocab, row)
     except Exception as exc:  # recorded in the results, with its traceback on stderr
         traceback.print_exc()
         row.error = f"{type(exc).__name__}: {exc}"[:2000]
@@ -401,7 +458,24 @@ def markdown(rows: list[Row], env: dict[str, Any], args: argparse.Namespace) -> 
         note = "; ".join(([f"error: {r.error}"] if r.error else []) + r.notes)
         cells += [check, note.replace("|", "/").replace("\n", " ")[:300]]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + profile_table(rows)) + "\n"
+
+
+def profile_table(rows: list[Row]) -> list[str]:
+    """GPU time of one batch-1 decode step by kernel kind, where it was profiled."""
+    profiled = [r for r in rows if r.decode_step_us]
+    if not profiled:
+        return []
+    kinds = sorted({k for r in profiled for k in r.decode_step_us} - {"total", "kernels"})
+    head = ["variant", "mode"] + [f"{k} µs" for k in kinds] + ["step µs (GPU)", "kernels"]
+    lines = ["", "GPU time of one decode step at batch 1 (torch.profiler):", "",
+             "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in profiled:
+        us = r.decode_step_us
+        cells = [r.variant, r.mode] + [format(us.get(k, 0.0), ".1f") for k in kinds]
+        lines.append("| " + " | ".join(cells + [format(us["total"], ".1f"),
+                                                  format(us["kernels"], ".0f")]) + " |")
+    return lines
 
 
 def environment(args: argparse.Namespace, config: Any) -> dict[str, Any]:
@@ -436,6 +510,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=8, help="decode steps before timing")
     p.add_argument("--steps", type=int, default=128, help="decode steps timed")
     p.add_argument("--repeats", type=int, default=10, help="prefill runs timed")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="profile this many batch-1 decode steps after the timed ones: GPU "
+                        "time a step by kernel kind in results.json (default: none)")
     p.add_argument("--check-tokens", type=int, default=64, help="tokens of the logit check")
     p.add_argument("--quick", action="store_true", help="a tiny configuration, 2 layers")
     p.add_argument("--device", default="cuda", help="cuda (cpu: a smoke test, eager)")
