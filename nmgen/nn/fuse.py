@@ -20,7 +20,9 @@ weight; under ``torch.compile`` by ``x.data_ptr()``, which dynamo decides at tra
 (the same traced tensor at the same fake version), so that the graph holds one
 ``nmgen::nm_linear`` per group. Where dynamo cannot prove it (``x`` changed in place
 between the siblings, or a graph break between them) torch.compile raises rather than
-break the graph there (see ``_traced_check``). An input without a version counter (an
+break the graph there (see ``_traced_check``). A dynamo that cannot decide ``data_ptr``
+comparisons (torch before 2.13) leaves each slice its own columns under
+``torch.compile``: the unfused cost, never an error. An input without a version counter (an
 inference tensor, eager ``torch.inference_mode``) cannot be checked: each slice then runs
 its own columns of the fused weight (the unfused cost).
 """
@@ -97,10 +99,12 @@ def _traced_check() -> Any:
     (``x`` changed in place since; or the key was kept across a graph break, where it
     is a plain integer that an in-place change leaves equal) the comparison would be a
     graph break, after which it would run eagerly on integers and could say equal:
-    ``error_on_graph_break`` makes that an error instead. ``None`` where this torch has
-    no ``error_on_graph_break``: siblings then run apart under ``torch.compile``."""
+    ``error_on_graph_break`` makes that an error instead. ``None`` where this torch's
+    dynamo cannot decide a ``data_ptr`` comparison (before torch 2.13 it raises
+    ``Unsupported`` at any) or has no ``error_on_graph_break``: siblings then run apart
+    under ``torch.compile``."""
     no_break = getattr(torch._dynamo, "error_on_graph_break", None)
-    if no_break is None:
+    if no_break is None or not _dynamo_compares_data_ptrs():
         return None
 
     @no_break(True)
@@ -108,6 +112,16 @@ def _traced_check() -> Any:
         return ptr == x.data_ptr() and torch.compiler.is_compiling()
 
     return same
+
+
+def _dynamo_compares_data_ptrs() -> bool:
+    """Whether dynamo proves two ``data_ptr()`` of one traced tensor equal (torch 2.13's
+    ``DataPtrVariable`` does; torch 2.11's raises ``Unsupported`` at the comparison)."""
+    try:
+        from torch._dynamo.variables.tensor import DataPtrVariable
+    except ImportError:
+        return False
+    return hasattr(DataPtrVariable, "_is_same_data_ptr")
 
 
 _same_traced = _traced_check()
