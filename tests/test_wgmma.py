@@ -67,90 +67,6 @@ def test_a_producer_warpgroup_is_named_and_stored_only_where_it_is_one():
         WgmmaConfig.from_name("nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_ws_sm90a")
 
 
-PERSISTENT = CONFIG.replace(persistent=True)  # resident blocks walking tiles
-
-
-def test_a_persistent_grid_is_named_and_stored_only_where_it_is_one():
-    assert PERSISTENT.name == "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_p_km_sm90a"
-    assert PERSISTENT.walks_tiles and not CONFIG.walks_tiles
-    assert WgmmaConfig.from_name(PERSISTENT.name) == PERSISTENT
-    assert config_from_name(PERSISTENT.name) == PERSISTENT
-    assert config_from_dict(PERSISTENT.to_dict()) == PERSISTENT
-    assert WgmmaConfig.from_json(PERSISTENT.to_json()) == PERSISTENT
-    assert PERSISTENT.to_dict()["persistent"] is True and "persistent" not in CONFIG.to_dict()
-    assert config_from_dict({**CONFIG.to_dict(), "persistent": False}) == CONFIG
-    other = PERSISTENT.replace(dtype="f16", bn=64, bm=256, epilogue="bias_gelu", a_layout="rm")
-    assert other.name == "nm_wgmma_f16_n8m32l128_b256x64x64_g2_s4_p_rm_sm90a_bias_gelu"
-    assert config_from_name(other.name) == other
-    # with a producer warpgroup: _ws first
-    both = PERSISTENT.replace(producer="warp")
-    assert both.name == "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_ws_p_km_sm90a"
-    assert config_from_name(both.name) == both and config_from_dict(both.to_dict()) == both
-    assert both.smem_bytes == WARP.smem_bytes and both.threads == 384
-    with pytest.raises(nmgen.ConfigError, match="not a wgmma kernel name"):
-        WgmmaConfig.from_name("nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_p_ws_km_sm90a")
-
-
-def test_a_persistent_grid_is_searched_not_enumerated_nor_seeded():
-    """Persistent grids ran no faster than their twins (results/wgmma_h100/persistent/):
-    the search may draw them; neither the seeds nor `nmgen refine` add them (nor the
-    index-lead twins, which the model ties with their lead-1 kernels)."""
-    problem = Problem(8, 32, 128, ALayout.K_MAJOR, dtype="bf16")
-    assert True in WGMMA.space.choices(problem)["persistent"]
-    assert not any(c.persistent for c in WGMMA.seed_candidates(problem, WGMMA.space))
-    for config in (CONFIG, WARP):
-        assert WGMMA.seed_variants(config, WGMMA.space) == []
-        assert WGMMA.refinements(config) == []
-
-
-LEAD = CONFIG.replace(index_lead=2)  # row indices read two iterations before their copies
-LEADS = [LEAD, CONFIG.replace(index_lead=3)]
-
-
-def test_an_index_lead_is_named_and_stored_only_where_it_is_not_one():
-    assert LEAD.name == "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_i2_km_sm90a"
-    assert LEADS[1].name == "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_i3_km_sm90a"
-    for config in LEADS:
-        assert WgmmaConfig.from_name(config.name) == config
-        assert config_from_name(config.name) == config
-        assert config_from_dict(config.to_dict()) == config
-        assert WgmmaConfig.from_json(config.to_json()) == config
-    assert LEAD.to_dict()["index_lead"] == 2 and "index_lead" not in CONFIG.to_dict()
-    assert config_from_dict({**CONFIG.to_dict(), "index_lead": 1}) == CONFIG
-    # the default lead's name, JSON and source are those it always had
-    assert "_i1" not in CONFIG.name and "INDEX_LEAD" not in nmgen.render(CONFIG).code
-    assert "index_lead" not in nmgen.render(CONFIG).code
-    other = LEAD.replace(dtype="f16", bn=64, bm=256, epilogue="bias_gelu", a_layout="rm")
-    assert other.name == "nm_wgmma_f16_n8m32l128_b256x64x64_g2_s4_i2_rm_sm90a_bias_gelu"
-    assert config_from_name(other.name) == other
-    assert LEAD.smem_bytes == CONFIG.smem_bytes and LEAD.threads == CONFIG.threads
-    for name in ("nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_i1_km_sm90a",  # never named
-                 "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_i2_p_km_sm90a"):  # _i last
-        with pytest.raises(nmgen.ConfigError, match="not a wgmma kernel name"):
-            WgmmaConfig.from_name(name)
-    with pytest.raises(nmgen.ConfigError, match="index_lead <= 3"):
-        WgmmaConfig.from_name("nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_i4_km_sm90a")
-    with pytest.raises(nmgen.ConfigError, match="only with shared copies on a grid of tiles"):
-        WgmmaConfig.from_name("nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_ws_i2_km_sm90a")
-
-
-def test_an_index_lead_is_searched_not_enumerated_and_not_modelled():
-    problem = Problem(8, 32, 128, ALayout.K_MAJOR, dtype="bf16")
-    assert WGMMA.space.choices(problem)["index_lead"] == (1, 2, 3)
-    assert all(c.index_lead == 1 for c in WGMMA.seed_candidates(problem, WGMMA.space))
-    assert WGMMA.refinements(LEAD) == [] and WGMMA.seed_variants(WARP, WGMMA.space) == []
-    # the space refuses it beside a producer warpgroup or a persistent grid, cheaply
-    values = WGMMA.space.values_of(LEAD)
-    assert WGMMA.space.config(problem, values) == LEAD
-    for change in ({"producer": "warp"}, {"persistent": True}):
-        assert WGMMA.space.mapping.quick_reject({**values, **change})
-        assert WGMMA.space.config(problem, {**values, **change}) is None
-    # no model term: the model's stage latency holds the index read (fitted, unsplit)
-    for shape in [(4096, 4096, 4096), (128, 11008, 4096)]:
-        assert {estimate(c, H100, *shape).time_ms for c in [CONFIG, *LEADS]} == {
-            estimate(CONFIG, H100, *shape).time_ms}
-
-
 @pytest.mark.parametrize("change, rule", [
     (dict(dtype="f32"), "bf16 or f16"),
     (dict(arch="sm_80"), "arch sm_90"),
@@ -167,10 +83,6 @@ def test_an_index_lead_is_searched_not_enumerated_and_not_modelled():
     (dict(windows=16, stages=6, bm=256), "shared memory"),
     (dict(n=0), "sizes >= 1"),
     (dict(arch="sm_75"), "arch="),
-    (dict(index_lead=0), "1 <= index_lead <= 3"),
-    (dict(index_lead=4), "1 <= index_lead <= 3"),
-    (dict(index_lead=2, producer="warp"), "index_lead > 1 only with shared copies"),
-    (dict(index_lead=3, persistent=True), "index_lead > 1 only with shared copies"),
 ])
 def test_rules_name_what_they_need(change, rule):
     values = {**CONFIG.to_dict(), **change}
@@ -249,21 +161,17 @@ def test_space_enumerates_and_samples_valid_configurations(problem):
                for c in configs)
     assert all(c.smem_bytes <= c.arch.max_smem_per_block for c in configs)
     assert all(WGMMA.in_space(c, problem) for c in configs)
-    # every shared-copy configuration has its producer-warpgroup twin; persistent grids
-    # are searched (below), not enumerated
+    # every shared-copy configuration has its producer-warpgroup twin
     shared = {c.name for c in configs if c.producer is Producer.SHARED}
     assert {c.replace(producer="shared").name for c in configs if c.specialized} == shared
-    assert not any(c.persistent or c.index_lead != 1 for c in configs)
     rng = random.Random(0)
-    drawn, persistent, leads = set(), set(), set()
+    drawn = set()
     for _ in range(40):
         config = WGMMA.space.sample(problem, rng)
         assert WGMMA.space.config(problem, WGMMA.space.values_of(config)) == config
         assert WgmmaConfig.from_name(config.name) == config
         drawn.add(config.producer)
-        persistent.add(config.persistent)
-        leads.add(config.index_lead)
-    assert drawn == set(Producer) and persistent == {False, True} and leads == {1, 2, 3}
+    assert drawn == set(Producer)
 
 
 def test_selftest_draws_producer_warpgroups_through_the_space():
@@ -339,53 +247,6 @@ def test_render_reads_as_the_configuration(dtype, bn):
     assert "mbarrier" not in code and code.count("__syncthreads()") == 1
 
 
-@pytest.mark.parametrize("epilogue", [None, "bias_silu"])
-def test_render_of_a_persistent_grid(epilogue):
-    config = PERSISTENT.replace(epilogue=epilogue)
-    code = nmgen.render(config).code
-    kernel = code.split('extern "C"')[1]
-    assert "//   persistent = True" in code and "// Persistent:" in code
-    assert "blockIdx.y" not in kernel and "gridDim.x" in kernel
-    # one stream of copies across tiles, one block barrier a stage, the epilogue a tile
-    assert "auto copy_stage = [&](int f)" in kernel and kernel.count("__syncthreads()") == 1
-    assert kernel.count("store_tile(") == 1 and kernel.count("clear(acc)") == 2
-    assert "wgmma_wait<0>();\n            const TileOrigin o" in kernel
-    assert "mbarrier" not in code and f"== {config.smem_bytes}" in code
-    assert ("epilogue(x0, bias, col)" in code) == bool(epilogue)
-    assert "store_tile" not in nmgen.render(CONFIG).code
-
-
-def test_render_of_a_persistent_producer_warpgroup():
-    config = PERSISTENT.replace(producer="warp", epilogue="bias")
-    kernel = nmgen.render(config).code.split('extern "C"')[1]
-    assert kernel.count("__syncthreads()") == 1 and kernel.count("mbar_init(") == 2
-    # the producer's stream crosses tiles; the MMA warps loop over tiles, then stages
-    assert "start_tile(copy, copy.tile + gridDim.x" in kernel
-    assert "for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x)" in kernel
-    assert kernel.count("store_tile(") == 1 and "epilogue(" not in kernel
-    assert kernel.index("wgmma_wait<0>();") < kernel.index("store_tile(")
-
-
-@pytest.mark.parametrize("lead", [2, 3])
-def test_render_of_an_index_lead(lead):
-    config = CONFIG.replace(index_lead=lead, epilogue="bias")
-    code = nmgen.render(config).code
-    kernel = code.split('extern "C"')[1]
-    assert f"//   index_lead = {lead}" in code and f"// Index lead {lead}:" in code
-    assert f"constexpr int INDEX_LEAD = {lead};" in code
-    # a register shift register, filled before the first stages' copies and read at its
-    # head; the indices INDEX_LEAD stages after the copied one read while they are issued
-    assert "int ks[INDEX_LEAD][A_PER_THREAD];" in kernel
-    assert kernel.index("int ks[INDEX_LEAD]") < kernel.index("int first[A_PER_THREAD];")
-    assert "load_stage(smem + buffer, smem_sh + buffer, next, ks[0]," in kernel
-    assert "ks[i][j] = ks[i + 1][j];" in kernel
-    assert ("if (next + INDEX_LEAD < stages_total)\n"
-            "                stage_rows(ks[INDEX_LEAD - 1], plan, group_rows, next + INDEX_LEAD);"
-            in kernel)
-    assert kernel.count("__syncthreads()") == 1 and "mbarrier" not in code
-    assert "epilogue(x0, bias, col)" in code and f"== {config.smem_bytes}" in code
-
-
 @pytest.mark.parametrize("a_vec_path", ["cp.async.mbarrier.arrive.noinc.shared::cta.b64",
                                         "cp.async.mbarrier.arrive.shared::cta.b64"])
 def test_render_of_a_producer_warpgroup(a_vec_path):
@@ -455,37 +316,6 @@ def test_plan_is_one_launch_over_row_and_column_blocks(lda, aligned, vec):
                            DEVICE).launches
     assert launch.entry == WARP.name and launch.threads == 384
     assert launch.smem == WARP.smem_bytes == CONFIG.smem_bytes + 64
-
-
-@pytest.mark.parametrize("rows, cols, resident, grid", [
-    (300, 200, 1, 6),  # 3 x 2 tiles: one a block
-    (4096, 4096, 2, 264),  # 32 x 32 tiles on 132 SMs of two blocks each
-    (4096, 4096, 1, 132),
-    (1, 4096, 2, 32)])  # one row block
-def test_a_persistent_grid_is_the_resident_blocks_at_most_one_a_tile(rows, cols, resident,
-                                                                     grid):
-    weight = random_weight(np.random.default_rng(0), 8, 32, 128, 300, cols,
-                           dtype=nmgen.DType.BF16)
-    prepared = prepare(weight, PERSISTENT)
-    asked = []
-
-    def resident_blocks(entry: str, threads: int, smem: int) -> int:
-        asked.append((entry, threads, smem))
-        return resident
-
-    call = Call(rows, 304, True)
-    (launch,) = WGMMA.plan(PERSISTENT, prepared, weight.shape, call,
-                           Device(132, resident_blocks)).launches
-    assert launch.grid == (grid, 1, 1) and launch.entry == PERSISTENT.name
-    assert asked == [(PERSISTENT.name, 256, PERSISTENT.smem_bytes)]
-    # the arguments are the non-persistent kernel's: the tiles follow from M and ldv
-    (twin,) = WGMMA.plan(CONFIG, prepare(weight, CONFIG), weight.shape, call,
-                         DEVICE).launches
-    assert launch.args == twin.args and twin.grid[0] * twin.grid[1] >= grid
-    rm = PERSISTENT.replace(a_layout="rm")
-    transpose, main = WGMMA.plan(rm, prepare(weight, rm), weight.shape, call,
-                                 Device(132, resident_blocks)).launches
-    assert main.grid == (grid, 1, 1) and transpose.entry.endswith("_transpose")
 
 
 @pytest.mark.parametrize("lda, aligned, vec", [(400, True, 1), (401, True, 0),
@@ -591,19 +421,6 @@ def test_model_lets_a_producer_warpgroup_hide_what_one_stage_ahead_exposes():
             > estimate(short.replace(producer="shared"), H100, 1024, 8192, 8192).time_ms)
 
 
-def test_model_lets_a_persistent_grid_pay_the_fill_once_a_block():
-    """Past one round of resident blocks a persistent grid saves each later round's
-    pipeline fill (less a tile switch); within one round it is the grid of tiles."""
-    shape = (4096, 4096, 4096)  # 1,024 tiles on 264 resident blocks
-    twin = estimate(CONFIG, H100, *shape)
-    persistent = estimate(PERSISTENT, H100, *shape)
-    assert persistent.time_ms < twin.time_ms and persistent.blocks == twin.blocks
-    warp = WARP.replace(persistent=True)
-    assert estimate(warp, H100, *shape).time_ms < estimate(WARP, H100, *shape).time_ms
-    small = (256, 4096, 4096)  # 64 tiles
-    assert estimate(PERSISTENT, H100, *small).time_ms == estimate(CONFIG, H100, *small).time_ms
-
-
 def test_model_prefers_wgmma_to_mma_sync_on_k_major_prefill():
     problem = Problem(8, 32, 128, ALayout.K_MAJOR, dtype="bf16")
     wgmma = WGMMA.ranker(WGMMA.seed_candidates(problem, WGMMA.space), H100)
@@ -680,52 +497,6 @@ NVCC_CONFIGS = [  # ptxas (CUDA 13.0) registers in the comments
     "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_rm_sm90a",  # row-major A: the transpose too
 ]
 
-# Persistent grids: ptxas (CUDA 13.0) registers, the non-persistent twin's after the slash
-NVCC_PERSISTENT = [
-    "nm_wgmma_bf16_n16m32l128_b128x128x32_g2_s4_p_km_sm90a",  # 114 / 108
-    "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_p_km_sm90a",  # 114 / 108
-    "nm_wgmma_bf16_n4m32l128_b128x128x32_g2_s4_p_km_sm90a",  # 114 / 108
-    "nm_wgmma_bf16_n8m32l128_b256x128x64_g2_s3_p_km_sm90a",  # 204 / 187: two m64 tiles
-    "nm_wgmma_bf16_n8m32l256_b128x256x64_g2_s3_p_km_sm90a",  # 192: n256
-    "nm_wgmma_f16_n8m32l128_b128x128x64_g1_s4_p_km_sm90a",  # 205
-    "nm_wgmma_f16_n2m4l64_b128x64x16_g2_s3_p_km_sm90a",  # 80
-    "nm_wgmma_bf16_n3m7l128_b64x128x48_g1_s3_p_km_sm90a",  # 127
-    "nm_wgmma_bf16_n16m64l128_b128x128x128_g2_s3_p_km_sm90a_bias_silu",  # 144
-    "nm_wgmma_bf16_n16m32l128_b256x128x32_g4_s4_p_km_sm90a",  # 114: four warpgroups
-    "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_p_rm_sm90a",  # 114: the K-major copy
-    # with a producer warpgroup (its twins' counts as NVCC_WARP's)
-    "nm_wgmma_bf16_n16m32l128_b128x128x32_g2_s4_ws_p_km_sm90a",  # 90 / 90
-    "nm_wgmma_bf16_n8m32l128_b256x128x64_g2_s4_ws_p_km_sm90a",  # 154 / 154
-    "nm_wgmma_bf16_n16m32l128_b128x128x32_g1_s4_ws_p_km_sm90a",  # 128 -> 56 / 200
-    "nm_wgmma_bf16_n16m32l64_b256x64x32_g2_s5_ws_p_km_sm90a",  # 80 -> 48 / 96
-    "nm_wgmma_f16_n2m4l64_b64x64x16_g1_s6_ws_p_km_sm90a_bias_silu",  # 61 / 58
-    "nm_wgmma_bf16_n16m64l128_b128x128x128_g2_s3_ws_p_km_sm90a_bias_gelu",  # 155 / 90
-    "nm_wgmma_f16_n16m32l128_b128x128x32_g1_s4_ws_p_rm_sm90a_bias_silu",  # 128 -> 56 / 200
-]
-
-
-# Index leads: ptxas (CUDA 13.0) registers, the lead-1 twin's after the slash; 0 bytes stack
-# frame, no spills (check_resources) and no local loads or stores in the PTX (the shift
-# register's indices are constant)
-NVCC_INDEX_LEAD = [
-    "nm_wgmma_bf16_n16m32l128_b128x128x32_g2_s4_i2_km_sm90a",  # 112 / 108
-    "nm_wgmma_bf16_n16m32l128_b128x128x32_g2_s4_i3_km_sm90a",  # 112 / 108
-    "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_i2_km_sm90a",  # 112 / 108
-    "nm_wgmma_bf16_n4m32l128_b128x128x32_g2_s4_i3_km_sm90a",  # 112 / 108
-    "nm_wgmma_bf16_n16m32l128_b128x128x64_g2_s3_i2_km_sm90a",  # 115 / 109
-    "nm_wgmma_bf16_n16m32l128_b128x128x64_g2_s3_i3_km_sm90a",  # 114 / 109
-    "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_i2_km_sm90a",  # 118 / 108
-    "nm_wgmma_bf16_n4m32l128_b128x128x64_g2_s4_i3_km_sm90a",  # 114
-    "nm_wgmma_bf16_n16m32l128_b128x128x64_g1_s3_i2_rm_sm90a",  # 190 / 174: row-major A
-    "nm_wgmma_bf16_n16m32l128_b128x128x64_g1_s3_i3_rm_sm90a",  # 198 / 174
-    "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_i3_rm_sm90a_bias",  # 112 / 108
-    "nm_wgmma_bf16_n16m64l128_b128x128x128_g2_s3_i3_km_sm90a_bias_silu",  # 146 / 122
-    "nm_wgmma_bf16_n8m32l128_b256x128x64_g2_s3_i3_km_sm90a",  # 203 / 187: two m64 tiles
-    "nm_wgmma_bf16_n8m32l256_b128x256x64_g2_s3_i3_km_sm90a",  # 185 / 176: n256
-    "nm_wgmma_f16_n2m4l64_b128x64x16_g2_s3_i2_km_sm90a",  # 64 / 64
-    "nm_wgmma_bf16_n3m7l128_b64x128x48_g1_s3_i3_km_sm90a",  # 110 / 106
-]
-
 
 def check_resources(config: WgmmaConfig) -> None:
     from nmgen.build.nvcc import compile_with_nvcc
@@ -746,37 +517,19 @@ def check_resources(config: WgmmaConfig) -> None:
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("name", NVCC_CONFIGS + NVCC_PERSISTENT)
+@pytest.mark.parametrize("name", NVCC_CONFIGS)
 def test_named_configurations_compile_without_spills(name):
     check_resources(WgmmaConfig.from_name(name))
-
-
-@pytest.mark.nvcc
-@pytest.mark.parametrize("name", NVCC_INDEX_LEAD)
-def test_index_leads_compile_without_spills_or_local_memory(name):
-    import re
-
-    from nmgen.build.nvcc import compile_with_nvcc
-
-    config = WgmmaConfig.from_name(name)
-    check_resources(config)
-    ptx = compile_with_nvcc(nmgen.render(config), output="ptx").path.read_text()
-    assert not re.search(r"ld\.local|st\.local|__local_depot", ptx), name
 
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize("seed", range(6))
 def test_sampled_configurations_compile_without_spills(seed):
     rng = random.Random(seed)
-    check_resources(sample_config(rng))
-
-
-def sample_config(rng: random.Random) -> WgmmaConfig:
-    """A configuration of the space for a random K-major problem."""
     problem = Problem(*rng.choice([(2, 4), (8, 32), (16, 32), (4, 32), (1, 4), (16, 64)]),
                       rng.choice([64, 128, 256]), ALayout.K_MAJOR, Arch.SM90,
                       rng.choice(["bf16", "f16"]))
-    return WGMMA.space.sample(problem, rng)
+    check_resources(WGMMA.space.sample(problem, rng))
 
 
 # Producer warpgroups: ptxas (CUDA 13.0) registers at launch, and setmaxnreg's split
@@ -861,18 +614,3 @@ def test_the_kernel_is_hgmma_with_both_operands_transposed(tmp_path):
     hgmma = [line for line in sass.splitlines() if "HGMMA.64x128x16.F32.BF16" in line]
     assert len(hgmma) == CONFIG.bk // 16 * CONFIG.tiles_m
     assert all("tnspA.tnspB" in line for line in hgmma)
-
-
-@pytest.mark.nvcc
-@pytest.mark.parametrize("seed", range(6))
-def test_sampled_persistent_configurations_compile_without_spills(seed):
-    rng = random.Random(100 + seed)
-    config = sample_config(rng)
-    check_resources(config.replace(persistent=True, index_lead=1,  # leads: tiles only
-                                   epilogue=rng.choice([None, "bias", "bias_gelu"])))
-
-
-@pytest.mark.nvcc
-@pytest.mark.parametrize("index", range(0, 16, 3))
-def test_sampled_persistent_producer_warpgroups_compile_without_spills(index):
-    check_resources(warp_sample()[index].replace(persistent=True))

@@ -82,12 +82,6 @@ class TensorCoreConfig(ConfigRecord):
         return self.windows * self.m
 
     @property
-    def walks_tiles(self) -> bool:
-        """Whether the launch's grid is the blocks resident at once, each block walking
-        tiles (a persistent kernel); none here."""
-        return False
-
-    @property
     def a_copied(self) -> bool:
         """Whether row-major A is first copied K-major by the transpose kernel (and the
         kernel reads the copy)."""

@@ -1,8 +1,6 @@
-"""The tensor-core families' launch plan: one kernel, a grid of row blocks x column blocks
-(a persistent kernel, ``walks_tiles``: as many blocks as are resident at once, at most one
-a tile, each walking the tiles in that order). A's 16-byte copies need its rows 16-byte
-aligned (``a_vec``), else the kernel reads A an element at a time; C takes pairs of values
-where N is even and C 16-byte aligned."""
+"""The tensor-core families' launch plan: one kernel, a grid of row blocks x column blocks.
+A's 16-byte copies need its rows 16-byte aligned (``a_vec``), else the kernel reads A an
+element at a time; C takes pairs of values where N is even and C 16-byte aligned."""
 
 from __future__ import annotations
 
@@ -18,13 +16,6 @@ def a_vectorized(call: Call) -> bool:
     return call.a_aligned and call.lda % VECTOR_ELEMS == 0
 
 
-def persistent_blocks(config: TensorCoreConfig, tiles: int, device: Device) -> int:
-    """A persistent grid: the blocks resident at once on the device, at most ``tiles``."""
-    resident = device.sms * device.resident_blocks(config.name, config.threads,
-                                                   config.smem_bytes)
-    return max(1, min(tiles, resident))
-
-
 def plan(config: TensorCoreConfig, weight: PreparedWeight, shape: tuple[int, int], call: Call,
          device: Device, a_buffer: str = A) -> LaunchPlan:
     """The kernel's launch; ``a_buffer``: the buffer it reads A from (the call's, or a
@@ -34,9 +25,7 @@ def plan(config: TensorCoreConfig, weight: PreparedWeight, shape: tuple[int, int
     values, rows = weight.arrays["values"], weight.arrays["rows"]
     stages_total = values.shape[0] // c.bk
     grid = (-(-call.rows // c.bm), values.shape[1] // c.bn, 1)
-    if c.walks_tiles:
-        grid = (persistent_blocks(c, grid[0] * grid[1], device), 1, 1)
-    elif grid[1] > 65535:
+    if grid[1] > 65535:
         raise ValueError(f"{c.name}: {grid[1]} column blocks exceed the grid's 65535")
     i32 = lambda v: Scalar("i32", int(v))  # noqa: E731
     i64 = lambda v: Scalar("i64", int(v))  # noqa: E731

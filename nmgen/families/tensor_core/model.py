@@ -102,20 +102,15 @@ class Estimate:
         return "compute" if self.compute_ms >= self.memory_ms else "memory"
 
 
-class Waves(Protocol):
-    def __call__(self, stage: Pipeline, gpu: GpuSpec, blocks: int, stages: int) -> float:
-        """Cycles of ``blocks`` tiles of ``stages`` stages."""
-
-
 def estimate(config: TensorCoreConfig, gpu: GpuSpec, stage: Pipeline, rows: int, cols: int,
-             depth: int, waves: Waves | None = None) -> Estimate:
+             depth: int) -> Estimate:
     """The time of ``rows × depth`` by the ``depth × cols`` weight: the waves of blocks'
-    stages (``waves``, default ``wave_cycles``), then the bytes from DRAM."""
+    stages, then the bytes from DRAM."""
     c = config
     stages = stage_count(c, depth)
     cols_p = -(-cols // c.vec) * c.vec
     blocks = -(-rows // c.bm) * -(-cols_p // c.bn)
-    compute_ms = (waves or wave_cycles)(stage, gpu, blocks, stages) / (CLOCK_GHZ * 1e6)
+    compute_ms = wave_cycles(stage, gpu, blocks, stages) / (CLOCK_GHZ * 1e6)
     w_rows = stages * c.bk
     values = 2.0 * w_rows * cols_p + 4.0 * w_rows * (cols_p // c.vec)
     dram = 2.0 * rows * depth + values + 2.0 * rows * cols

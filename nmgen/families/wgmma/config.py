@@ -15,19 +15,6 @@ specialisation, name tag ``_ws``), the stages handed over by two mbarriers each 
 empty); the ``warpgroups`` warpgroups only issue MMAs. Its registers are rebalanced by
 ``setmaxnreg`` where the consumers need more than an even share (``register_split``). It
 reads A as the shared kernel does (row-major A: the transpose kernel's K-major copy).
-
-``persistent`` (name tag ``_p``, after ``_ws``'s place): the launch's grid is at most the
-blocks resident at once, and each block walks the tiles ``blockIdx.x, blockIdx.x +
-gridDim.x, ...`` (row blocks fastest, as the grid's order); its copies run one stream of
-(tile, stage) pairs, so the next tile's first stages load while the current tile's last
-stages and its epilogue run (producer "warp": the mbarriers' phases run on across tiles).
-
-``index_lead`` (name tag ``_i<lead>`` where it is not 1, last of the tags): the shared
-copies read a stage's row indices this many main-loop iterations before they issue its
-copies (1: the iteration before), held in ``index_lead`` register arrays shifted once an
-iteration. Shared copies on a grid of tiles only: a producer warpgroup reads its next
-indices while it waits for a free buffer, and a persistent grid's copy cursor crosses
-tiles.
 """
 
 from __future__ import annotations
@@ -91,16 +78,8 @@ class Producer(str, Enum):
 
 
 # Parameters that came after the first tuned kernels, with the default that reproduces them.
-LATER_PARAMETERS: dict[str, Any] = {"producer": Producer.SHARED.value, "persistent": False,
-                                    "index_lead": 1}
+LATER_PARAMETERS: dict[str, Any] = {"producer": Producer.SHARED.value}
 WS_TAG = "_ws"  # the name's tag of a producer warpgroup
-PERSISTENT_TAG = "_p"  # the name's tag of a persistent grid
-INDEX_LEAD_TAG = "_i"  # the name's tag of an index lead other than 1, before the lead
-# Main-loop iterations between a stage's row-index read and its copies. The lead is
-# registers (A_PER_THREAD ints a step), not shared memory, so it is not bound by the
-# stages; three iterations (at least ~750 cycles of a stage at the tensor cores' peak)
-# cover an L2 hit (~250-600 cycles) with room, for at most 2·A_PER_THREAD more registers.
-MAX_INDEX_LEAD = 3
 
 
 def _granules(registers: int) -> int:
@@ -111,10 +90,8 @@ def _granules(registers: int) -> int:
 @dataclass(frozen=True)
 class WgmmaConfig(TensorCoreConfig):
     """e.g. ``nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_km_sm90a``: warpgroups (``g2``),
-    ``_ws`` after the stages for a producer warpgroup (``..._g2_s4_ws_km_sm90a``), ``_p``
-    there for a persistent grid (``..._g2_s4_p_km_sm90a``), ``_i<lead>`` there for an
-    index lead other than 1 (``..._g2_s4_i2_km_sm90a``), the arch-specific target
-    (``sm90a``); an epilogue's tag last (``..._sm90a_bias_silu``)."""
+    ``_ws`` after the stages for a producer warpgroup (``..._g2_s4_ws_km_sm90a``), the
+    arch-specific target (``sm90a``); an epilogue's tag last (``..._sm90a_bias_silu``)."""
 
     n: int
     m: int
@@ -129,15 +106,12 @@ class WgmmaConfig(TensorCoreConfig):
     dtype: DType = DType.BF16
     epilogue: Epilogue = NO_EPILOGUE  # bias and activation on the output (not tuned)
     producer: Producer = Producer.SHARED  # who copies the stages in
-    persistent: bool = False  # a grid of the resident blocks, each walking tiles
-    index_lead: int = 1  # iterations between a stage's row-index read and its copies
     family: ClassVar[str] = FAMILY
     later_parameters: ClassVar[dict[str, Any]] = LATER_PARAMETERS
     warp_fields: ClassVar[tuple[str, ...]] = ("warpgroups",)
     arch_suffix: ClassVar[str] = "a"
     name_re: ClassVar[re.Pattern[str]] = name_pattern(FAMILY, r"g(?P<warpgroups>\d+)", "a",
-                                                      rf"(?P<ws>{WS_TAG})?(?P<p>{PERSISTENT_TAG})?"
-                                                      rf"(?:{INDEX_LEAD_TAG}(?P<lead>[2-9]))?")
+                                                      rf"(?P<ws>{WS_TAG})?")
     name_example: ClassVar[str] = "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_km_sm90a"
 
     def __post_init__(self) -> None:
@@ -149,10 +123,6 @@ class WgmmaConfig(TensorCoreConfig):
     def specialized(self) -> bool:
         """Whether a producer warpgroup of its own copies the stages in."""
         return self.producer is Producer.WARP
-
-    @property
-    def walks_tiles(self) -> bool:
-        return self.persistent
 
     @property
     def threads(self) -> int:
@@ -295,11 +265,6 @@ class WgmmaConfig(TensorCoreConfig):
                self.bm % (64 * self.warpgroups) == 0 and 1 <= self.tiles_m <= MAX_TILES_M)
         yield (f"{MIN_STAGES} <= stages <= {MAX_STAGES}",
                MIN_STAGES <= self.stages <= MAX_STAGES)
-        yield (f"1 <= index_lead <= {MAX_INDEX_LEAD}", 1 <= self.index_lead <= MAX_INDEX_LEAD)
-        yield ("index_lead > 1 only with shared copies on a grid of tiles (a producer "
-               "warpgroup reads its next indices while it waits for a buffer; a persistent "
-               "grid's copy cursor crosses tiles)",
-               self.index_lead == 1 or not (self.specialized or self.persistent))
 
     def _block_register_rules(self) -> Iterator[tuple[str, bool]]:
         if not self.specialized:
@@ -316,12 +281,9 @@ class WgmmaConfig(TensorCoreConfig):
 
     @property
     def name_tag(self) -> str:
-        return ((WS_TAG if self.specialized else "")
-                + (PERSISTENT_TAG if self.persistent else "")
-                + (f"{INDEX_LEAD_TAG}{self.index_lead}" if self.index_lead != 1 else ""))
+        return WS_TAG if self.specialized else ""
 
     @classmethod
     def tag_fields(cls, groups: dict[str, str | None]) -> dict[str, Any]:
-        return {"producer": Producer.WARP if groups["ws"] else Producer.SHARED,
-                "persistent": bool(groups["p"]), "index_lead": int(groups["lead"] or 1)}
+        return {"producer": Producer.WARP if groups["ws"] else Producer.SHARED}
 

@@ -20,13 +20,6 @@ producer reads each stage's row indices before issuing its copies, behind
 ``PRODUCER_QUEUE_STAGES`` stages of every resident block's copies:
 ``max(b·(tensor + copy), PRODUCER_LATENCY_CYCLES + PRODUCER_QUEUE_STAGES·b·copy + issue)``.
 
-A persistent grid (``persistent``: the resident blocks, each walking tiles): every SM runs
-the same rounds of stages, but the first stages' copies are exposed once (each block's
-later tiles load while its previous tile ends), and each later tile of a block exposes
-only ``TILE_SWITCH_CYCLES`` (its epilogue, which the block's own wgmmas do not overlap);
-the tiles past the last whole round of resident blocks run as a non-persistent last wave
-would (``persistent_cycles``). An estimate awaiting a GPU measurement against the twins.
-
 The constants were fitted on the H100 bf16 tune of 8:32 at L = 64 and 128 (row-major A,
 1,540 trials of 64 problems): results/untuned_h100/bf16_tx/model_study_tensor_core.txt.
 """
@@ -52,10 +45,6 @@ COPY_ISSUE_CYCLES = 24  # a copying thread's 16-byte copy, address to issue (H10
 STAGE_LATENCY_CYCLES = 420  # a block's wait, fence, barrier and issue a stage (H100 fit)
 COPY_LATENCY_CYCLES = 530  # a stage's copies from issue to landing (H100 fit)
 PRODUCER_LATENCY_CYCLES = 630  # a producer's row indices, read a stage (H100 fit)
-# A persistent block's switch to its next tile: the epilogue's stores of the tile (about a
-# pipeline fill's copies latency less, which the next tile's copies now overlap). An
-# estimate, not a fit: to be measured on a GPU against the non-persistent twins.
-TILE_SWITCH_CYCLES = 400
 # The stages of copies a producer's index read waits behind, each resident block's: the
 # stage it has just issued and the one before it, still landing (2 to 3 fit alike).
 PRODUCER_QUEUE_STAGES = 2
@@ -108,25 +97,9 @@ def stage_time(config: WgmmaConfig, gpu: GpuSpec) -> WgmmaStage:
                       per_sm=max(1, tc.blocks_per_sm(c, gpu)))
 
 
-def persistent_cycles(stage: tc.Pipeline, gpu: GpuSpec, blocks: int, stages: int) -> float:
-    """Cycles of ``blocks`` tiles of ``stages`` stages on a persistent grid (the module's
-    note): whole rounds of the resident blocks, one pipeline fill, a tile switch a later
-    round, and the rest spread over the SMs."""
-    resident = gpu.sms * stage.per_sm
-    if blocks <= resident:  # one tile a block: as the grid of tiles
-        return tc.wave_cycles(stage, gpu, blocks, stages)
-    full, rest = divmod(blocks, resident)
-    rounds = full + int(rest > 0)
-    cycles = full * stages * stage.round_cycles(stage.per_sm) + stage.fill_cycles
-    if rest:
-        cycles += stages * stage.round_cycles(-(-rest // gpu.sms))
-    return cycles + (rounds - 1) * TILE_SWITCH_CYCLES
-
-
 def estimate(config: WgmmaConfig, gpu: GpuSpec, rows: int, cols: int, depth: int
              ) -> Estimate:
-    waves = persistent_cycles if config.persistent else None
-    return tc.estimate(config, gpu, stage_time(config, gpu), rows, cols, depth, waves)
+    return tc.estimate(config, gpu, stage_time(config, gpu), rows, cols, depth)
 
 
 def estimate_ms(config: WgmmaConfig, gpu: GpuSpec, shape: Shape) -> float:

@@ -26,14 +26,13 @@ def min_blocks_per_sm(config: WgmmaConfig) -> int:
 def template_arguments(config: WgmmaConfig) -> dict[str, Any]:
     """``ws``: a producer warpgroup (producer "warp"); ``registers``: its ``setmaxnreg``
     split (launch, producer, MMA registers a thread), or ``None`` where launch gives every
-    thread enough; ``persistent``: each block walks tiles, one stream of copies across
-    them."""
+    thread enough."""
     min_blocks = min_blocks_per_sm(config)
     return {"min_blocks": min_blocks, "a_copied": config.a_copied,
             **transpose.template_arguments(),
             "mma_type": "bf16" if config.dtype.value == "bf16" else "f16",
             "acc_count": config.bn // 2, "ws": config.specialized,
-            "registers": config.register_split(min_blocks), "persistent": config.persistent}
+            "registers": config.register_split(min_blocks)}
 
 
 def entry_points(config: WgmmaConfig) -> tuple[str, ...]:

@@ -15,35 +15,24 @@ SPACE_PARAMS = (
     Param("warpgroups", (1, 2, 4)),  # 4: 256-row tiles of one m64 tile a warpgroup
     Param("stages", (3, 4, 5)),
     Param("producer", ("shared", "warp")),  # who copies the stages in (config.Producer)
-    # A grid of the resident blocks, each walking tiles: searched, not enumerated
-    # nor seeded (it ran no faster than its twins: results/wgmma_h100/persistent/).
-    Param("persistent", (False, True), enumerated=(False,)),
-    # Main-loop iterations between a stage's row-index read and its copies (shared copies
-    # on a grid of tiles): searched, not enumerated nor seeded; the model has no term for
-    # it (its fitted stage latency holds the index read unsplit) until a GPU has timed it.
-    Param("index_lead", (1, 2, 3), enumerated=(1,)),
 )
 
 
 class _Mapping(TensorCoreMapping):
-    """The tensor-core parameters, the producer (by its value), the persistent grid and
-    the index lead."""
+    """The tensor-core parameters and the producer (by its value)."""
 
     config_type = WgmmaConfig
 
     @property
     def names(self) -> tuple[str, ...]:
-        return (*super().names, "producer", "persistent", "index_lead")
+        return (*super().names, "producer")
 
     def values_of(self, config: WgmmaConfig) -> dict[str, Any]:
-        return {**super().values_of(config), "producer": config.producer.value,
-                "persistent": config.persistent, "index_lead": config.index_lead}
+        return {**super().values_of(config), "producer": config.producer.value}
 
     def quick_reject(self, values: dict[str, Any]) -> bool:
         tiles_m, rest = divmod(values["bm"], 64 * values["warpgroups"])
-        led = values["index_lead"] != 1 and (values["producer"] != "shared"
-                                              or values["persistent"])
-        return rest != 0 or not 1 <= tiles_m <= 2 or led
+        return rest != 0 or not 1 <= tiles_m <= 2
 
 
 SPACE = SearchSpace(FAMILY, SPACE_PARAMS, _Mapping())
