@@ -17,7 +17,9 @@ each, the lookup takes the first of:
 Across families the decision from the nearest record wins (an exact one is at distance 0,
 a transfer at the distance of its nearest tuned problem, the model's at infinity), then
 a family that tunes the shape before one that does not, then the source in that order,
-then the time. The user's database comes first, then the one
+then the time; but another family's record whose time, scaled to the shape by its model,
+is ``MUCH_FASTER`` ahead comes first (a slow family's exact record does not hide a fast
+family's record of a neighbouring shape). The user's database comes first, then the one
 shipped with nmgen. A fallback is counted and warned about once per problem.
 
 ``tune="quick"`` (or ``NMGEN_TUNE=quick``): where a call finds no exact record, a few
@@ -73,6 +75,15 @@ MEASURED = frozenset({"exact", "quick"})  # what a quick tune would not improve 
 TUNE_MODES = ("quick",)
 QUICK_CANDIDATES = 4  # kernels a quick tune times
 NEAREST_RECORDS = 3  # nearest tuned shapes of the problem whose winners it considers
+# How much faster another family's measured kernel, its time scaled to the shape by its
+# model, must be to come before the nearest record (the mma 2:4 records of Llama shapes
+# the wgmma study had not reached ran 0.34x dense, the wgmma ones 0.81x:
+# results/tensor_core_h100/llama_l128/); well beyond the model's shape-scaling error.
+MUCH_FASTER = 1.5
+# ...where that record's shape is at most this far (one dimension twice or half the
+# shape's): a model scales a kernel poorly far from its record (a wgmma record of M = 256
+# scaled to M = 8 looks faster than the gemv kernels tuned there).
+MUCH_FASTER_WITHIN = math.log(2) + 1e-9
 
 
 @dataclass
@@ -84,6 +95,8 @@ class Decision:
     distance: float = 0.0  # from the problem asked to the record's (inf: the model's)
     origin: str = ""  # transfer: the tuned problem the kernel came from, or "model"
     in_regime: bool = True  # whether the family tunes the shape (``Family.tunes``)
+    # a record's time scaled to the shape asked by its family's model (exact: its time)
+    at_shape_ms: float | None = None
 
     def rank(self) -> tuple:
         """Across families: the record of the nearest shape first (an exact one is at 0;
@@ -209,7 +222,7 @@ class Dispatcher:
         if not found:
             raise ValueError(f"no kernel of the families serving {problem} fits it "
                              f"({', '.join(f.name for f in families)})")
-        return sorted(found, key=Decision.rank)
+        return much_faster_first(sorted(found, key=Decision.rank))
 
     @property
     def device(self) -> DeviceInfo:
@@ -218,10 +231,10 @@ class Dispatcher:
     def _lookup_family(self, family: Family, problem: Problem, shape: tuple[int, int, int]
                        ) -> Decision | None:
         key = problem_key(family, problem, shape, self.device)
-        recorded = self._recorded(family, key, shape)
+        gpu = spec_or_h100(key.gpu)
+        recorded = self._recorded(family, key, shape, gpu)
         if recorded is not None:
             return recorded
-        gpu = spec_or_h100(key.gpu)
         if family.tunes(shape):
             transfer = self._transfer(family, problem, shape, key, gpu)
             if transfer is not None:
@@ -232,8 +245,8 @@ class Dispatcher:
         return Decision(config, "model", family.estimate_ms(config, gpu, shape), math.inf,
                         in_regime=family.tunes(shape))
 
-    def _recorded(self, family: Family, key: ProblemKey, shape: tuple[int, int, int]
-                  ) -> Decision | None:
+    def _recorded(self, family: Family, key: ProblemKey, shape: tuple[int, int, int],
+                  gpu: GpuSpec) -> Decision | None:
         """The exact or nearest record of the problem (``nearest`` only where the family
         tunes ``shape``: not stretched past its regime)."""
         # Records of this CUDA runtime, then of another runtime of the same GPU and kernel
@@ -242,13 +255,17 @@ class Dispatcher:
             for engine in self._dbs():
                 winners = best_per_problem(engine, key, any_cuda=any_cuda)
                 if shape in winners:
-                    return Decision(winners[shape].config, "exact" + suffix,
-                                    winners[shape].time_ms)
+                    exact = winners[shape]
+                    return Decision(exact.config, "exact" + suffix, exact.time_ms,
+                                    at_shape_ms=exact.time_ms)
                 if winners and family.tunes(shape):
                     nearest = min(winners.values(), key=lambda w: (
                         shape_distance(w.shape, shape), w.config.name))
+                    scale = (family.estimate_ms(nearest.config, gpu, shape)
+                             / family.estimate_ms(nearest.config, gpu, nearest.shape))
                     return Decision(nearest.config, "nearest" + suffix, nearest.time_ms,
-                                    shape_distance(nearest.shape, shape))
+                                    shape_distance(nearest.shape, shape),
+                                    at_shape_ms=nearest.time_ms * scale)
         return None
 
     def _transfer(self, family: Family, problem: Problem, shape: tuple[int, int, int],
@@ -411,6 +428,23 @@ class Dispatcher:
                       f"N={n} K={k}; using the {decision.source} choice "
                       f"{decision.config.name} (said once; nmgen.dispatch_stats() counts "
                       "every fallback)", stacklevel=4)
+
+
+def much_faster_first(ranked: list[Decision]) -> list[Decision]:
+    """``ranked`` with the fastest of the other families' measured kernels first where,
+    its time scaled to the shape, it is ``MUCH_FASTER`` than the first one's and its
+    record ``MUCH_FASTER_WITHIN`` of the shape: a slow family's exact record does not
+    hide a fast family's record of a neighbouring shape."""
+    first = ranked[0]
+    if first.at_shape_ms is None:
+        return ranked
+    rivals = [d for d in ranked[1:] if d.at_shape_ms is not None and d.in_regime
+              and d.distance <= MUCH_FASTER_WITHIN and d.config.family != first.config.family
+              and d.at_shape_ms * MUCH_FASTER < first.at_shape_ms]
+    if not rivals:
+        return ranked
+    pick = min(rivals, key=lambda d: (d.at_shape_ms, d.config.name))
+    return [pick, *(d for d in ranked if d is not pick)]
 
 
 def _older_generator_problems(urls: Sequence[str], engines: Sequence[Any]) -> dict[str, int]:

@@ -154,3 +154,46 @@ def test_shipped_records_are_keyed_to_the_current_generator():
     engine.dispose()
     assert hashes <= {f.generator_hash() for f in all_families()}, \
         "run nmgen carry --from-rev <the records' revision>"
+
+
+@pytest.mark.parametrize("wgmma_ms, first", [(0.3, "wgmma"), (0.9, "mma")])
+def test_a_much_faster_family_record_of_a_neighbouring_shape_comes_first(
+        tmp_path, wgmma_ms, first):
+    """An `mma` exact record (1.0 ms) against a `wgmma` record of a shape one M step away:
+    dispatch takes the `wgmma` kernel where, its time scaled to the shape by its model,
+    it is more than MUCH_FASTER ahead (0.3 ms at M = 2048 is ~0.6 ms at 4096), else the
+    exact record."""
+    from nmgen.dispatch import problem_key
+    from nmgen.families.registry import get as family_named
+
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    engine = connect(url)
+    problem, shape, neighbour = Problem(2, 4, 128, dtype="bf16"), (4096, 4096, 4096), (
+        2048, 4096, 4096)
+    for name, at, time_ms in (("mma", shape, 1.0), ("wgmma", neighbour, wgmma_ms)):
+        family = family_named(name)
+        config = family.default_config(problem, gpu_spec("h100"), at)
+        record_trial(engine, problem_key(family, problem, at, H100), config, "h",
+                     TrialStatus.OK, time_ms=time_ms)
+    ranked = Dispatcher([url], device=H100)._ranking(problem, shape)
+    assert [d.config.family for d in ranked][:2] == [first, "mma" if first == "wgmma" else "wgmma"]
+    wgmma = next(d for d in ranked if d.config.family == "wgmma")
+    assert wgmma.source == "nearest" and 1.5 * wgmma_ms < wgmma.at_shape_ms < 2.5 * wgmma_ms
+
+
+def test_a_faster_family_record_far_from_the_shape_does_not_come_first(tmp_path):
+    """A `wgmma` record at M = 256 is no guide at M = 8, where `gemv` holds the exact
+    record, however fast the model scales it (its record lies beyond MUCH_FASTER_WITHIN)."""
+    from nmgen.dispatch import problem_key
+    from nmgen.families.registry import get as family_named
+
+    url = f"sqlite:///{tmp_path / 'tuned.db'}"
+    engine = connect(url)
+    problem, shape = Problem(8, 32, 128, dtype="bf16"), (8, 4096, 4096)
+    for name, at, time_ms in (("gemv", shape, 0.05), ("wgmma", (256, 4096, 4096), 0.005)):
+        family = family_named(name)
+        config = family.default_config(problem, gpu_spec("h100"), at)
+        record_trial(engine, problem_key(family, problem, at, H100), config, "h",
+                     TrialStatus.OK, time_ms=time_ms)
+    first = Dispatcher([url], device=H100)._ranking(problem, shape)[0]
+    assert (first.config.family, first.source) == ("gemv", "exact")
