@@ -1,8 +1,11 @@
 """Markers: ``gpu`` tests need CuPy and a GPU; ``nvcc`` tests need nvcc (required in CI
-through NMGEN_REQUIRE_NVCC=1). A GPU run that passes writes tests/gpu_attestation.json."""
+through NMGEN_REQUIRE_NVCC=1). A GPU run that passes writes tests/gpu_attestation.json,
+also under pytest-xdist (``-n 4``: the workers compile apart; each test's checked cases
+reach the controller in its report)."""
 
 from __future__ import annotations
 
+import collections
 import datetime
 import functools
 import json
@@ -39,9 +42,21 @@ GPU_CASES: dict[str, int] = {"kernel_cases": 0}
 
 
 @pytest.fixture
-def gpu_cases() -> dict[str, int]:
-    """Counter that GPU kernel tests add their checked cases to (goes into the record)."""
-    return GPU_CASES
+def gpu_cases(request):
+    """Counter that a GPU kernel test adds its checked cases to; they go into the record
+    through the test's report (``user_properties``), which reaches the process that writes
+    the record also from a pytest-xdist worker."""
+    counts: dict[str, int] = collections.defaultdict(int)
+    yield counts
+    request.node.user_properties.append(("gpu_cases", dict(counts)))
+
+
+def add_cases(report) -> None:
+    """Add the checked cases a test's teardown report carries to ``GPU_CASES``."""
+    for name, counts in report.user_properties:
+        if name == "gpu_cases":
+            for key, value in counts.items():
+                GPU_CASES[key] = GPU_CASES.get(key, 0) + value
 
 
 def pytest_runtest_logreport(report):
@@ -49,10 +64,15 @@ def pytest_runtest_logreport(report):
         return
     if report.when == "call" or report.outcome != "passed":
         _gpu_outcomes[report.outcome] = _gpu_outcomes.get(report.outcome, 0) + 1
+    if report.when == "teardown":
+        add_cases(report)
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Record a complete, passing GPU run (all gpu tests selected, none failed)."""
+    """Record a complete, passing GPU run (all gpu tests selected, none failed); under
+    pytest-xdist the controller records it, from every worker's reports."""
+    if hasattr(session.config, "workerinput"):
+        return
     if not gpu_available() or _gpu_outcomes["passed"] == 0:
         return
     if exitstatus != 0 or _gpu_outcomes["failed"] or _gpu_outcomes["skipped"]:
