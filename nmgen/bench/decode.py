@@ -32,6 +32,7 @@ from ..shapes import Shape
 from .report import CSV_DTYPE, geomean, markdown_table
 
 L2_SPAN = 2  # the rotated copies of a weight span this many L2s
+SEMI_QUEUE_AHEAD_US = 5000.0  # longer than PyTorch's semi-structured call spends on the host
 
 
 @dataclass(frozen=True)
@@ -246,6 +247,10 @@ def _semi_structured(weight: NMMatrix, pattern: Pattern, dtype: DType, torch_dty
 
 
 def _semi_ms(a: Any, sparse: list[Any], repeat: int) -> float | None:
+    """Milliseconds of PyTorch's semi-structured ``F.linear`` on the device, each call
+    queued behind a wait longer than its host path: PyTorch sets cuSPARSELt up anew on
+    every call (pytorch/pytorch#153825), 0.4-2.9 ms a call with the usual 100 us wait
+    (``results/tensor_core_h100/llama_l128/summary.txt``), so the figure is the kernel's."""
     import torch
 
     rows = a.shape[0]
@@ -253,7 +258,7 @@ def _semi_ms(a: Any, sparse: list[Any], repeat: int) -> float | None:
     padded[:rows] = a  # cuSPARSELt wants at least 32 rows of the dense operand
     try:
         return time_ms(lambda i: torch.nn.functional.linear(padded, sparse[i % len(sparse)]),
-                       repeat=repeat)
+                       repeat=repeat, queue_ahead_us=SEMI_QUEUE_AHEAD_US)
     except (RuntimeError, ValueError, TypeError):
         return None
 
