@@ -156,8 +156,11 @@ def static_cache(model: nn.Module, batch: int, length: int) -> Any:
 # ------------------------------------------------------------------------ variants
 def sparsify_nmgen(model: nn.Module, pattern: str, vec: int,
                    fuse: bool = False) -> nmnn.SparsifySummary:
+    # transformers' Llama attention and MLP hand their input to q/k/v and gate/up as is,
+    # so the siblings may share one product by its identity under torch.compile
     summary = nmnn.sparsify(model, pattern, vec, include=TARGETS,
-                            siblings=nmnn.LLAMA_SIBLINGS if fuse else None)
+                            siblings=nmnn.LLAMA_SIBLINGS if fuse else None,
+                            compiled_inputs_unchanged=True)
     if summary.skipped:
         raise RuntimeError(f"layers skipped:\n{summary}")
     return summary

@@ -518,6 +518,36 @@ def test_fused_siblings_run_apart_under_compile_where_dynamo_cannot_compare_data
     torch._dynamo.reset()
 
 
+def test_fused_siblings_share_by_identity_under_compile_where_the_caller_promises_it(
+        monkeypatch):
+    """Where dynamo cannot compare data_ptrs, ``compiled_inputs_unchanged`` lets each
+    group's slices share one product in the compiled graph (the fused op count), with the
+    unfused outputs; eager sharing keeps its version check."""
+    import nmgen.nn.fuse as fuse
+
+    monkeypatch.setattr(fuse, "_same_traced", None)
+    torch.manual_seed(5)
+    plain = Decoder()
+    nmnn.sparsify(plain, PATTERN, VEC)
+    fused = copy.deepcopy(plain)
+    summary = nmnn.fuse_siblings(fused, compiled_inputs_unchanged=True)
+    assert len(summary.fused) == 4 and not summary.skipped
+    x = torch.randn(2, 5, 64)
+    counts: list[int] = []
+    with torch.no_grad():
+        torch._dynamo.reset()
+        compiled = torch.compile(fused, backend=nm_linear_calls(counts), fullgraph=True)
+        assert torch.equal(compiled(x), plain(x))
+        y = torch.randn(2, 5, 64)  # the graph again, on other data
+        assert torch.equal(compiled(y), plain(y))
+        mlp = fused.layers[0]["mlp"]
+        mlp.gate_proj(x)
+        x.add_(1)  # eager: the version check still sees an in-place change
+        assert torch.equal(mlp.up_proj(x), plain.layers[0]["mlp"].up_proj(x))
+    assert counts == [8]
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_fused_siblings_give_the_unfused_outputs_eager_and_compiled(dtype):
     plain, fused = decoders(dtype)

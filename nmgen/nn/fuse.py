@@ -22,9 +22,12 @@ weight; under ``torch.compile`` by ``x.data_ptr()``, which dynamo decides at tra
 between the siblings, or a graph break between them) torch.compile raises rather than
 break the graph there (see ``_traced_check``). A dynamo that cannot decide ``data_ptr``
 comparisons (torch before 2.13) leaves each slice its own columns under
-``torch.compile``: the unfused cost, never an error. An input without a version counter (an
-inference tensor, eager ``torch.inference_mode``) cannot be checked: each slice then runs
-its own columns of the fused weight (the unfused cost).
+``torch.compile``: the unfused cost, never an error; unless the caller promises that no
+parent changes a group's input in place between its siblings' calls
+(``compiled_inputs_unchanged``, true of transformers' Llama attention and MLP), in which
+case the slices share one product there by the input's identity alone. An input without
+a version counter (an inference tensor, eager ``torch.inference_mode``) cannot be checked:
+each slice then runs its own columns of the fused weight (the unfused cost).
 """
 
 from __future__ import annotations
@@ -133,10 +136,13 @@ class FusedLinear(SparseLinear):
     loads its own columns, so a fused model's ``state_dict`` is the unfused one's). Its
     ``FusedSlice`` layers call ``output(x, slot)``."""
 
-    def __init__(self, *args: Any, bounds: Sequence[tuple[int, int]] = (), **kwargs: Any):
+    def __init__(self, *args: Any, bounds: Sequence[tuple[int, int]] = (),
+                 compiled_inputs_unchanged: bool = False, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._non_persistent_buffers_set.update(("values", "indices", "nm_meta", "bias"))
         self.bounds = tuple(bounds)  # each slot's output columns [start, stop)
+        # shared by identity alone while compiling where dynamo cannot compare data_ptrs
+        self.compiled_inputs_unchanged = compiled_inputs_unchanged
         self._cache: tuple | None = None
         self._views: tuple = (None, {})
 
@@ -152,9 +158,12 @@ class FusedLinear(SparseLinear):
         start, stop = self.bounds[slot]
         full, bit = (1 << len(self.bounds)) - 1, 1 << slot
         if torch.compiler.is_compiling():
-            if _same_traced is None:  # no way to check it while tracing: no sharing
+            if _same_traced is not None:
+                key: tuple = ("compiled", x.data_ptr())
+            elif self.compiled_inputs_unchanged:  # the caller's promise: identity suffices
+                key = ("identity",)
+            else:  # no way to check it while tracing: no sharing
                 return self._own(x, slot)
-            key: tuple = ("compiled", x.data_ptr())
         else:
             key = self._eager_key(x)
             if key is None:  # no version counter: an in-place change would be invisible
@@ -180,6 +189,8 @@ class FusedLinear(SparseLinear):
         """Whether the product kept under ``key`` is that of ``x`` as it is now."""
         if key[0] == "compiled":
             return _same_traced(key[1], x)
+        if key[0] == "identity":  # the identity was checked by the caller
+            return torch.compiler.is_compiling()
         return not torch.compiler.is_compiling() and key == self._eager_key(x)
 
     def drop(self, *args: Any) -> None:
@@ -363,11 +374,15 @@ def _why_not(parent: nn.Module, names: Sequence[str], layers: list[nn.Module | N
     return None
 
 
-def fuse_siblings(model: nn.Module, groups: Groups = LLAMA_SIBLINGS) -> FuseSummary:
+def fuse_siblings(model: nn.Module, groups: Groups = LLAMA_SIBLINGS, *,
+                  compiled_inputs_unchanged: bool = False) -> FuseSummary:
     """Fuse every group of ``SparseLinear`` siblings of ``model`` in place (see the module
     docstring). ``groups``: tuples of child names (default: Llama's q/k/v and gate/up).
     A parent holding some of a group's names but not a fusable set of them is listed in
-    ``skipped`` with the reason; one holding none of them is not mentioned."""
+    ``skipped`` with the reason; one holding none of them is not mentioned.
+    ``compiled_inputs_unchanged``: the caller's promise that no parent changes a group's
+    input in place between its siblings' calls, which lets the siblings share one product
+    under ``torch.compile`` where dynamo cannot check it (torch before 2.13)."""
     counts: dict[int, int] = {}
     for _, module in model.named_modules(remove_duplicate=False):
         counts[id(module)] = counts.get(id(module), 0) + 1
@@ -388,14 +403,15 @@ def fuse_siblings(model: nn.Module, groups: Groups = LLAMA_SIBLINGS) -> FuseSumm
                 summary.skipped.append(SkippedGroup(parent_name, names, reason))
                 continue
             prefix = parent_name + "." if parent_name else ""
-            _fuse(parent, names, layers, holder_name, prefix + holder_name, prefix)
+            _fuse(parent, names, layers, holder_name, prefix + holder_name, prefix,
+                  compiled_inputs_unchanged)
             summary.fused.append(FusedGroup(parent_name, names, prefix + holder_name,
                                             tuple(layer.out_features for layer in layers)))
     return summary
 
 
 def _fuse(parent: nn.Module, names: tuple[str, ...], layers: list[SparseLinear],
-          holder_name: str, title: str, prefix: str) -> None:
+          holder_name: str, title: str, prefix: str, compiled_inputs_unchanged: bool) -> None:
     first = layers[0]
     bounds, start = [], 0
     for layer in layers:
@@ -404,7 +420,8 @@ def _fuse(parent: nn.Module, names: tuple[str, ...], layers: list[SparseLinear],
     holder = FusedLinear(first.in_features, start, first.pattern, first.vec,
                          bias=first.bias is not None, dtype=first.values.dtype,
                          device=first.values.device, name=title,
-                         activation=first.activation, bounds=bounds)
+                         activation=first.activation, bounds=bounds,
+                         compiled_inputs_unchanged=compiled_inputs_unchanged)
     with torch.no_grad():
         holder.values = torch.cat([layer.values for layer in layers], dim=1)
         holder.indices = torch.cat([layer.indices for layer in layers], dim=1)

@@ -39,16 +39,18 @@ def save_sparse(model: nn.Module, path: str | os.PathLike,
 
 def load_sparse(model: nn.Module, source: Source, *, strict: bool = True,
                 device: Any = None, fuse: bool = True,
-                siblings: Groups | None = None) -> list[str]:
+                siblings: Groups | None = None,
+                compiled_inputs_unchanged: bool = False) -> list[str]:
     """Load a sparsified model's state (a safetensors file, or a ``state_dict``) into
     ``model``: every layer the state holds compressed is first made a ``SparseLinear`` of
     its pattern, L, shape, dtype and bias (in place of the model's ``nn.Linear``, on its
     device, or on ``device`` where given), then the state is loaded (``strict`` as in
     ``load_state_dict``). With ``fuse``, activations that directly follow those layers in
     an ``nn.Sequential`` are fused into them as ``sparsify`` does (the state holds no
-    activation). With ``siblings``, sibling groups are then fused (``fuse_siblings``; the
-    state is the same fused or not). Layers of ``model`` fused already (``FusedSlice``)
-    of the state's shape load in place. Returns the names of the sparse layers."""
+    activation). With ``siblings``, sibling groups are then fused (``fuse_siblings``, with
+    ``compiled_inputs_unchanged``; the state is the same fused or not). Layers of
+    ``model`` fused already (``FusedSlice``) of the state's shape load in place. Returns
+    the names of the sparse layers."""
     layers = _sparse_layers(source)
     for name, (meta, dtype, bias) in layers.items():
         _make_sparse(model, name, meta, dtype, bias, device)
@@ -59,7 +61,7 @@ def load_sparse(model: nn.Module, source: Source, *, strict: bool = True,
     else:
         _safetensors().load_model(model, os.fspath(source), strict=strict)
     if siblings is not None:
-        fuse_siblings(model, siblings)
+        fuse_siblings(model, siblings, compiled_inputs_unchanged=compiled_inputs_unchanged)
     return list(layers)
 
 

@@ -165,7 +165,8 @@ def _shared_weights(model: nn.Module) -> set[int]:
 # ------------------------------------------------------------------------ sparsify
 def sparsify(model: nn.Module, pattern: str | tuple[int, int] | Pattern, vec: int, *,
              include: Selector | None = None, exclude: Selector | None = None,
-             fuse: bool = True, siblings: Groups | None = None) -> SparsifySummary:
+             fuse: bool = True, siblings: Groups | None = None,
+             compiled_inputs_unchanged: bool = False) -> SparsifySummary:
     """Replace, in place, every ``nn.Linear`` of ``model`` whose dotted name matches
     ``include`` (default: all) and not ``exclude`` by ``SparseLinear.from_dense(linear,
     pattern, vec)``. A selector is a glob (``"*.mlp.*"``), a list of globs, or a
@@ -177,7 +178,7 @@ def sparsify(model: nn.Module, pattern: str | tuple[int, int] | Pattern, vec: in
     names, e.g. ``nmgen.nn.LLAMA_SIBLINGS``), each group of replaced layers of one parent
     that read the same input becomes one product (``fuse_siblings``; off by default: the
     layers become ``FusedSlice`` modules whose outputs are views, and it pays only where
-    the model calls them on the same tensor)."""
+    the model calls them on the same tensor; ``compiled_inputs_unchanged`` as there)."""
     pat = Pattern.parse(pattern)
     if isinstance(vec, bool) or not isinstance(vec, int) or vec < 1:
         raise ValueError(f"vec {vec!r}: the vector length L must be a positive integer")
@@ -201,7 +202,8 @@ def sparsify(model: nn.Module, pattern: str | tuple[int, int] | Pattern, vec: in
     if fuse:
         summary.fused = fuse_activations(model, {c.name for c in summary.replaced})
     if siblings is not None:
-        fused = fuse_siblings(model, siblings)
+        fused = fuse_siblings(model, siblings,
+                              compiled_inputs_unchanged=compiled_inputs_unchanged)
         summary.fused_groups, summary.unfused_groups = fused.fused, fused.skipped
     return summary
 
