@@ -188,7 +188,7 @@ def _refine(args: argparse.Namespace) -> int:
 
     engine = connect(args.db)
     variants = refinement_candidates(engine, _pattern_set(args.pattern), top=args.top,
-                                     min_gain=args.min_gain)
+                                     min_gain=args.min_gain, family_name=args.family)
     kernels = {c.name: c for configs in variants.values() for c in configs}
     verb = "would be timed" if args.plan else "timed"
     print(f"refinements {verb} on {len(variants)} problems ({len(kernels)} distinct kernels)",
@@ -408,8 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
     reference.set_defaults(run=_reference_times)
 
     refine = sub.add_parser("refine", help="time the families' refinements of tuned "
-                            "problems' fastest kernels (e.g. stream-K twins) where the "
-                            "model expects them faster")
+                            "problems' fastest kernels (e.g. stream-K twins, gemv's wide "
+                            "sum) where the model expects them faster")
     _add_timing_options(refine)
     refine.add_argument("--top", type=int, default=1,
                         help="refinements of each problem's TOP fastest kernels "
@@ -417,6 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     refine.add_argument("--min-gain", type=float, default=0.05,
                         help="the model's expected gain a refinement needs "
                         "(default: %(default)s)")
+    refine.add_argument("--family", help="only this kernel family's problems")
     refine.add_argument("--workers", type=int, default=16, help="compile processes")
     refine.set_defaults(run=_refine)
 

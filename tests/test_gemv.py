@@ -11,6 +11,7 @@ import pytest
 import nmgen
 from nmgen.dispatch import Dispatcher
 from nmgen.families.gemv import GEMV
+from nmgen.families.gemv import config as config_module
 from nmgen.families.gemv.config import GemvConfig
 from nmgen.families.plan import Call, Device, Pointer
 from nmgen.families.registry import serving
@@ -43,6 +44,40 @@ def test_prefetch_is_named_and_stored_only_where_it_is_not_the_default():
     assert GemvConfig.from_dict({**CONFIG.to_dict(), "prefetch": 0}) == CONFIG
     with pytest.raises(nmgen.ConfigError, match="not a gemv kernel name"):
         GemvConfig.from_name("nm_gemv_bf16_n8m32l128_r4_t64x2_c8_u4_p0_k2_rm_sm90")
+
+
+def test_wide_sum_is_named_stored_and_refines_split_k_winners():
+    wide = CONFIG.replace(split_k=32, wide_sum=1)
+    assert wide.name == "nm_gemv_bf16_n8m32l128_r4_t64x2_c8_u4_k32_wsum_rm_sm90"
+    assert GemvConfig.from_name(wide.name) == wide
+    assert GemvConfig.from_json(wide.to_json()) == wide
+    assert "wide_sum" not in CONFIG.to_dict() and "wsum" not in CONFIG.name
+    assert GEMV.refinements(CONFIG.replace(split_k=32)) == [wide]
+    assert GEMV.refinements(CONFIG.replace(split_k=1)) == GEMV.refinements(wide) == []
+    with pytest.raises(nmgen.ConfigError, match="wide_sum 0 or 1"):
+        CONFIG.replace(wide_sum=2)
+
+
+def test_wide_sum_batches_and_chunks():
+    """A thread of r4 t64x2 c8 adds 16 outputs: wide, four (the batch) at a time with four
+    slices of each loaded at once; of r1 t64x2 c4, two with eight slices each."""
+    assert (CONFIG.sum_elements, CONFIG.sum_batch, CONFIG.sum_chunk) == (16, 4, 4)
+    one = GemvConfig(8, 32, 128, rows=1, col_threads=64, lanes=2, cols=4, unroll=8,
+                     split_k=32, dtype="bf16")
+    assert (one.sum_elements, one.sum_batch, one.sum_chunk) == (2, 2, 8)
+    assert one.sum_batch * one.sum_chunk == config_module.SUM_LOADS
+
+
+def test_model_does_not_yet_tell_the_wide_sum_from_its_twin():
+    """Unmeasured, the wide sum is estimated as its twin (``nmgen refine --min-gain 0``
+    times it beside the tuned winners; dispatch's model choice stays the measured kind)."""
+    one = GemvConfig(8, 32, 128, rows=1, col_threads=64, lanes=2, cols=4, unroll=8,
+                     split_k=32, dtype="bf16")
+    shape = (1, 4096, 4096)
+    assert GEMV.estimate_ms(one, H100, shape) == GEMV.estimate_ms(one.replace(wide_sum=1),
+                                                                  H100, shape)
+    seeds = GEMV.seed_candidates(Problem(8, 32, 128, dtype="bf16"), GEMV.space)
+    assert one in seeds and not any(c.wide_sum for c in seeds)
 
 
 def test_prefetch_buffers_count_in_the_registers():
@@ -136,6 +171,10 @@ def test_space_draws_every_prefetch_and_so_does_the_fuzz_test():
     assert {GEMV.space.sample(problem, rng).prefetch for _ in range(60)} == {0, 1, 2}
     drawn = {draw_config(GEMV, rng, Arch.SM90, H100).prefetch for _ in range(60)}
     assert drawn == {0, 1, 2}
+    configs = [GEMV.space.sample(problem, rng) for _ in range(60)]
+    assert {c.wide_sum for c in configs} == {0, 1}
+    assert all(c.split_k > 1 for c in configs if c.wide_sum)  # not its twin's kernel again
+    assert {draw_config(GEMV, rng, Arch.SM90, H100).wide_sum for _ in range(60)} == {0, 1}
 
 
 def test_model_counts_the_rows_loaded_ahead_where_a_lane_has_them():
@@ -216,7 +255,8 @@ def test_prefetch_compiles_without_spills_for_every_dtype_and_layout(prefetch, d
     config = GemvConfig(8, 32, 128, rows=2, col_threads=64, lanes=2, cols=16 // 4, unroll=4,
                         split_k=4, prefetch=prefetch, a_layout=layout, dtype=dtype)
     widest = config.replace(cols=16 // config.dtype.itemsize, rows=1, unroll=8)
-    for c in (config, widest, widest.replace(rows=8, lanes=1, unroll=4, split_k=1)):
+    for c in (config, widest, widest.replace(rows=8, lanes=1, unroll=4, split_k=1),
+              widest.replace(wide_sum=1), config.replace(rows=8, lanes=1, wide_sum=1)):
         compiled = compile_with_nvcc(nmgen.render(c))
         (resources,) = compiled.resources.values()
         assert resources.spill_stores == resources.spill_loads == 0, compiled.log

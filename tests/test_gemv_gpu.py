@@ -1,7 +1,8 @@
-"""GPU: the decode family's software pipeline. Configurations that load groups of rows
-ahead of their FMAs (``prefetch`` 1 and 2) against float64 and against the same
-configuration without prefetch, which makes the same FMAs in the same order: equal bit for
-bit. Every dtype and A layout, several indices a thread's row, an ``n`` that is no power of
+"""GPU: the decode family's software pipeline and wide sum. Configurations that load
+groups of rows ahead of their FMAs (``prefetch`` 1 and 2), and split-K ones whose last
+block loads many slices' sums at once (``wide_sum``), against float64 and against the same
+configuration without, which makes the same FMAs and additions in the same order: equal
+bit for bit. Every dtype and A layout, several indices a thread's row, an ``n`` that is no power of
 two, lanes whose rows end inside the ring, columns that end inside a block, the output
 poisoned with NaN."""
 
@@ -38,7 +39,11 @@ WITHOUT_PREFETCH = [
     GemvConfig(3, 7, 8, rows=1, col_threads=32, lanes=4, cols=8, unroll=4, split_k=5,
                dtype="bf16"),
 ]
-PAIRS = [(c, c.replace(prefetch=p)) for c in WITHOUT_PREFETCH for p in (1, 2)]
+PAIRS = [(c, c.replace(prefetch=p)) for c in WITHOUT_PREFETCH for p in (1, 2)] + [
+    (c, c.replace(wide_sum=1)) for c in WITHOUT_PREFETCH if c.split_k > 1] + [
+    (c.replace(rows=16, lanes=1, cols=4, split_k=9), c.replace(rows=16, lanes=1, cols=4,
+                                                              split_k=9, wide_sum=1))
+    for c in WITHOUT_PREFETCH[:1]]  # 64 outputs a thread: batches of four
 # (M, N, K): M = 1 and a row block's edge, N and K that end inside a block and a window
 SHAPES = [(1, 333, 257), (5, 1000, 4096 + 13), (17, 129, 700), (64, 2056, 3001)]
 
@@ -53,7 +58,7 @@ def run(kernel: Kernel, weight, a, rows: int, cols: int):
     return float64(out)
 
 
-def test_prefetch_matches_float64_and_the_kernel_without_it(gpu_cases):
+def test_prefetch_and_wide_sum_match_float64_and_the_kernel_without_them(gpu_cases):
     import cupy as cp
 
     from nmgen.runtime.check import random_weight

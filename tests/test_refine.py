@@ -1,6 +1,7 @@
 """`nmgen refine`: a family's refinements of tuned problems' fastest kernels (the FP32
-family's stream-K twins), chosen by the model and timed beside the finalists, on a real
-SQLite file (a dry run: the model's estimates stand in for the GPU's times)."""
+family's stream-K twins, gemv's wide sum), chosen by the model and timed beside the
+finalists, on a real SQLite file (a dry run: the model's estimates stand in for the GPU's
+times)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,25 @@ def test_stream_k_grid_shares_out_the_last_two_waves():
     assert stream_k_grid(528, 32, 132) == (132, 396)  # 4 whole waves: the last is shared
     assert stream_k_grid(100, 32, 132) == (132, 0)  # under a wave: all shared
     assert stream_k_grid(2, 3, 132) == (6, 0)  # at most one block a stage
+
+
+def test_gemv_wide_sums_are_proposed_for_one_family_at_no_expected_loss(tmp_path):
+    """The model does not tell the wide sum from its twin: proposed at --min-gain 0, for
+    split-K winners only, and --family keeps the FP32 family's twins out."""
+    from dataclasses import replace
+
+    from nmgen.families.gemv import GEMV
+    from nmgen.families.gemv.config import GemvConfig
+
+    engine = connect(f"sqlite:///{tmp_path / 'tuned.db'}")
+    record_trial(engine, key(1024, 6656, 6656), PARTIAL, template_hash(), TrialStatus.MODEL, 1.0)
+    split = GemvConfig(16, 32, 32, rows=1, col_threads=64, lanes=2, cols=4, unroll=8,
+                       split_k=16)
+    decode = replace(key(1, 4096, 4096), template_hash=GEMV.generator_hash())
+    record_trial(engine, decode, split, GEMV.generator_hash(), TrialStatus.MODEL, 1.0)
+    record_trial(engine, replace(decode, depth=2048), split.replace(split_k=1),
+                 GEMV.generator_hash(), TrialStatus.MODEL, 1.0)
+    assert refinement_candidates(engine) == {key(1024, 6656, 6656):
+                                             [PARTIAL.replace(stream_k=True)]}
+    assert refinement_candidates(engine, min_gain=0, family_name="gemv") == {
+        decode: [split.replace(wide_sum=1)]}

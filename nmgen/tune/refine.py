@@ -15,15 +15,17 @@ from ..store.tables import GOOD
 
 
 def refinement_candidates(engine: Engine, patterns: set[tuple[int, int]] | None = None,
-                          top: int = 1, min_gain: float = 0.05
+                          top: int = 1, min_gain: float = 0.05, family_name: str | None = None
                           ) -> dict[ProblemKey, list[Config]]:
-    """Problems of a current family whose ``top`` fastest configurations have a
-    refinement, not yet timed there, that the model expects ``min_gain`` faster."""
+    """Problems of a current family (``family_name`` alone where given) whose ``top``
+    fastest configurations have a refinement, not yet timed there, that the model
+    expects ``min_gain`` faster (0: no slower)."""
     found: dict[ProblemKey, list[Config]] = {}
     for problem in all_problems(engine):
         key = problem.key
         family = by_generator(key.template_hash)
-        if family is None or (patterns is not None and (key.n, key.m) not in patterns):
+        if family is None or (patterns is not None and (key.n, key.m) not in patterns) \
+                or family_name not in (None, family.name):
             continue
         good = sorted((t, name, params) for status, t, name, params, _ in problem.trials
                       if status in GOOD)

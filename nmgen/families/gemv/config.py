@@ -22,7 +22,11 @@ LOAD_BYTES = (2, 4, 8, 16)  # what one load of COLS elements may be
 MAX_PREFETCH = 2  # groups of UNROLL rows a thread may load ahead of its FMAs
 
 # Parameters that came after the first tuned kernels, with the default that reproduces them.
-LATER_PARAMETERS: dict[str, Any] = {"prefetch": 0}
+LATER_PARAMETERS: dict[str, Any] = {"prefetch": 0, "wide_sum": 0}
+# The last block's sum of the slices with ``wide_sum``: BATCH of a thread's outputs at a
+# time, CHUNK slices of each loaded at once (a multiple of 4: the sums' order is kept).
+SUM_LOADS = 16  # loads a thread of the last block keeps in flight
+MAX_SUM_BATCH = 4
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ class GemvConfig(ConfigRecord):
     unroll: int  # compressed rows whose loads a thread issues together
     split_k: int = 1  # slices of K (blocks along K) the launch aims at; fixed-order sums
     prefetch: int = 0  # groups of UNROLL rows whose loads a thread holds ahead of its FMAs
+    wide_sum: int = 0  # 1: the last block loads many slices' partial sums at once
     a_layout: ALayout = ALayout.ROW_MAJOR
     arch: Arch = Arch.SM90
     dtype: DType = DType.F32
@@ -59,6 +64,21 @@ class GemvConfig(ConfigRecord):
         return max(1, self.cols // self.vec)
 
     @property
+    def sum_elements(self) -> int:
+        """Outputs of a tile each thread of the last block adds the slices of."""
+        return -(-self.rows * self.col_threads * self.cols // self.threads)
+
+    @property
+    def sum_batch(self) -> int:
+        """With ``wide_sum``: outputs whose slices a thread loads together."""
+        return min(self.sum_elements, MAX_SUM_BATCH)
+
+    @property
+    def sum_chunk(self) -> int:
+        """With ``wide_sum``: slices of each output loaded at once (a multiple of 4)."""
+        return max(4, SUM_LOADS // self.sum_batch // 4 * 4)
+
+    @property
     def registers_estimate(self) -> int:
         """Registers a thread: the sums, the loads in flight with their indices, and
         addressing (ptxas used 32-168 on sampled configurations without prefetch); with
@@ -66,7 +86,9 @@ class GemvConfig(ConfigRecord):
         values that ptxas reads early for it (ROWS an index)."""
         words = -(-self.load_bytes // 4)
         ahead = self.prefetch * (self.unroll * (words + self.groups) + self.rows * self.groups)
-        return self.rows * self.cols + self.unroll * (self.cols + self.groups) + ahead + 40
+        main = self.rows * self.cols + self.unroll * (self.cols + self.groups) + ahead
+        wide = self.sum_batch * (2 * self.sum_chunk + 6) if self.wide_sum else 0
+        return max(main, wide) + 40
 
     def smem_bytes(self, windows_per_slice: int) -> int:
         """Shared memory of a block whose slice is ``windows_per_slice`` windows: its A
@@ -88,6 +110,7 @@ class GemvConfig(ConfigRecord):
                                      self.lanes, self.cols, self.unroll, self.split_k) >= 1)
         yield ("1 <= n <= m", self.n <= self.m)
         yield (f"0 <= prefetch <= {MAX_PREFETCH}", 0 <= self.prefetch <= MAX_PREFETCH)
+        yield ("wide_sum 0 or 1", self.wide_sum in (0, 1))
         yield (f"m <= {MAX_M}", self.m <= MAX_M)
         yield ("COLS % L == 0 or L % COLS == 0 (a thread's columns share whole indices)",
                self.cols % self.vec == 0 or self.vec % self.cols == 0)
@@ -110,12 +133,14 @@ class GemvConfig(ConfigRecord):
     def name(self) -> str:
         """e.g. ``nm_gemv_bf16_n8m32l128_r4_t64x4_c8_u4_k16_rm_sm90``: ROWS, COL_THREADS x
         LANES, COLS, UNROLL and the slices of K aimed at; a prefetch after the unroll
-        (``..._u4_p2_k16_...``); an epilogue's tag last (``..._sm90_bias_silu``)."""
+        (``..._u4_p2_k16_...``), the wide sum after the slices (``..._k16_wsum_...``); an
+        epilogue's tag last (``..._sm90_bias_silu``)."""
         prefetch = f"_p{self.prefetch}" if self.prefetch else ""
+        wide = "_wsum" if self.wide_sum else ""
         return (f"nm_gemv_{self.dtype.value}_n{self.n}m{self.m}l{self.vec}_r{self.rows}"
                 f"_t{self.col_threads}x{self.lanes}_c{self.cols}_u{self.unroll}{prefetch}"
-                f"_k{self.split_k}_{self.a_layout.value}_{self.arch.value.replace('_', '')}"
-                f"{self.epilogue.suffix}")
+                f"_k{self.split_k}{wide}_{self.a_layout.value}"
+                f"_{self.arch.value.replace('_', '')}{self.epilogue.suffix}")
 
     @classmethod
     def from_name(cls, name: str) -> GemvConfig:
@@ -125,7 +150,8 @@ class GemvConfig(ConfigRecord):
             raise ConfigError(f"{name!r} is not a {FAMILY} kernel name (e.g. {_EXAMPLE})")
         g = match.groupdict()
         return cls(**{k: int(v) for k, v in g.items()
-                      if k not in ("dtype", "layout", "arch") and v is not None},
+                      if k not in ("dtype", "layout", "arch", "wide_sum") and v is not None},
+                   wide_sum=int(g["wide_sum"] is not None),
                    a_layout=ALayout(g["layout"]), arch=Arch(f"sm_{g['arch']}"),
                    dtype=DType(g["dtype"]), epilogue=epilogue)
 
@@ -135,5 +161,5 @@ _NAME_RE = re.compile(
     r"^nm_gemv_(?P<dtype>f32|bf16|f16)_n(?P<n>\d+)m(?P<m>\d+)l(?P<vec>\d+)_r(?P<rows>\d+)"
     r"_t(?P<col_threads>\d+)x(?P<lanes>\d+)_c(?P<cols>\d+)_u(?P<unroll>\d+)"
     r"(?:_p(?P<prefetch>[1-9]\d*))?"
-    r"_k(?P<split_k>\d+)_(?P<layout>rm|km)_sm(?P<arch>\d+)$")
+    r"_k(?P<split_k>\d+)(?P<wide_sum>_wsum)?_(?P<layout>rm|km)_sm(?P<arch>\d+)$")
 _EXAMPLE = "nm_gemv_bf16_n8m32l128_r4_t64x4_c8_u4_k16_rm_sm90"

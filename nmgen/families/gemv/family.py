@@ -55,14 +55,18 @@ class Gemv(Family):
         return model.RankTable(list(configs), gpu)
 
     def seed_candidates(self, problem: Problem, space: SearchSpace) -> list[GemvConfig]:
-        return list(enumeration(problem, space))
+        """The space's configurations but the wide sums: the model does not tell one from
+        its twin, which dispatch and the seeds keep until a record says otherwise."""
+        return [c for c in enumeration(problem, space) if not c.wide_sum]
 
     def seed_shape(self, config: GemvConfig) -> tuple:
         """Seeds differ in more than their unroll."""
         return (config.rows, config.col_threads, config.lanes, config.cols, config.split_k)
 
     def refinements(self, config: GemvConfig) -> list[GemvConfig]:
-        return []
+        """A split-K winner's twin whose last block sums the slices with wide loads."""
+        return [config.replace(wide_sum=1)] if config.split_k > 1 and not config.wide_sum \
+            else []
 
     @property
     def templates(self) -> Path:

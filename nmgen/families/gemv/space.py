@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...problem import Problem
-from ..space import Param, SearchSpace
+from ..space import ConfigError, Param, SearchSpace
 from .config import FAMILY, LOAD_BYTES, GemvConfig
 
 SPACE_PARAMS = (
@@ -16,6 +16,7 @@ SPACE_PARAMS = (
     Param("unroll", (1, 2, 4, 8)),  # compressed rows whose loads go out together
     Param("split_k", (1, 2, 4, 8, 16, 32, 64, 128)),  # slices of K aimed at
     Param("prefetch", (0, 1, 2)),  # groups of UNROLL rows loaded ahead of the FMAs
+    Param("wide_sum", (0, 1)),  # the last block loads many slices' sums at once
 )
 
 
@@ -26,19 +27,22 @@ class _Mapping:
         return choices
 
     def build(self, problem: Problem, values: dict[str, Any]) -> GemvConfig:
+        if values["wide_sum"] and values["split_k"] == 1:
+            raise ConfigError("wide_sum without split_k: its twin's kernel")
         return GemvConfig(problem.n, problem.m, problem.vec, values["rows"],
                           values["col_threads"], values["lanes"], values["cols"],
                           values["unroll"], values["split_k"], values["prefetch"],
-                          problem.a_layout, problem.arch, problem.dtype)
+                          values["wide_sum"], problem.a_layout, problem.arch, problem.dtype)
 
     def values_of(self, config: GemvConfig) -> dict[str, Any]:
         return {"rows": config.rows, "col_threads": config.col_threads, "lanes": config.lanes,
                 "cols": config.cols, "unroll": config.unroll, "split_k": config.split_k,
-                "prefetch": config.prefetch}
+                "prefetch": config.prefetch, "wide_sum": config.wide_sum}
 
     def quick_reject(self, values: dict[str, Any]) -> bool:
         return (values["rows"] * values["cols"] > 128
-                or values["col_threads"] * values["lanes"] > 1024)
+                or values["col_threads"] * values["lanes"] > 1024
+                or (values["wide_sum"] == 1 and values["split_k"] == 1))  # its twin's kernel
 
 
 SPACE = SearchSpace(FAMILY, SPACE_PARAMS, _Mapping())
