@@ -7,8 +7,8 @@ dense weights with the attention and MLP projections
 
 - left dense (the baseline),
 - pruned by ``nmgen.nn.sparsify`` to each ``--patterns`` pattern with ``L = --vec``,
-  and with ``--fuse`` each also with its sibling projections fused (``... fused``: q/k/v
-  and gate/up each one product, ``nmgen.nn.fuse_siblings``),
+  with its sibling projections fused (``... fused``: q/k/v and gate/up each one product,
+  ``nmgen.nn.fuse_siblings``) with ``--fuse only``, both ways with ``--fuse both``,
 - pruned to 2:4 by magnitude and handed to PyTorch's semi-structured sparse tensors
   (``torch.sparse.to_sparse_semi_structured``; skipped with ``--no-semi24``),
 
@@ -61,6 +61,8 @@ TARGETS = ["*.self_attn.*_proj", "*.mlp.*_proj"]
 # logit; 5 % leaves room for 8 layers and still flags a wrong product, which moves the
 # logits by their own size.
 LOGIT_TOL = 0.05
+# --fuse: the name suffixes of each pattern's variants (unfused, fused)
+FUSE_CHOICES = {"none": [""], "only": [" fused"], "both": ["", " fused"]}
 
 
 @dataclass
@@ -498,9 +500,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=8, help="decoder layers (default 8)")
     p.add_argument("--patterns", default="16:32,8:32,4:32", help="nmgen patterns")
     p.add_argument("--vec", type=int, default=128, help="nmgen vector length L")
-    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=False,
-                   help="also run each nmgen pattern with q/k/v and gate/up fused (variants "
-                        "named '... fused'; default: --no-fuse)")
+    p.add_argument("--fuse", choices=FUSE_CHOICES, default="none",
+                   help="run each nmgen pattern with q/k/v and gate/up fused (variants named "
+                        "'... fused'): none, only, or both ways (default: none)")
     p.add_argument("--no-semi24", dest="semi24", action="store_false",
                    help="leave out PyTorch's 2:4 semi-structured variant")
     p.add_argument("--modes", default="reduce-overhead",
@@ -540,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     config = llama_config(args)
     env = environment(args, config)
     variants = (["dense"] + [f"nmgen {p} L={args.vec}{fused}" for p in args.patterns
-                             for fused in (["", " fused"] if args.fuse else [""])]
+                             for fused in FUSE_CHOICES[args.fuse]]
                 + (["torch 2:4 semi-structured"] if args.semi24 and device.type == "cuda"
                    else []))
     print(f"{env['gpu']}: {', '.join(variants)}; modes {', '.join(args.modes)}",

@@ -212,3 +212,49 @@ def test_first_call_inside_capture_is_refused_clearly():
         kernel(a, b, out=out)  # outside capture: builds the launch and runs
         stream.synchronize()
     check(out, a, b)
+
+
+@pytest.mark.parametrize("capture_stream", ["warm-up stream", "torch's own"])
+def test_torch_graph_keeps_the_split_k_counters_of_its_stream(capture_stream, monkeypatch,
+                                                              gpu_cases):
+    """A decode kernel's split-K tile counters: a graph captured on the stream that warmed
+    up (as torch's graph trees do) uses that stream's counters, which the kernels leave
+    zeroed, and zero-fills none of its own; a graph captured elsewhere zero-fills a
+    temporary at every replay. Both replay correctly, calls on the stream in between."""
+    torch = pytest.importorskip("torch")
+    import cupy as cp
+
+    from nmgen.families.gemv.config import GemvConfig
+    from nmgen.runtime import launch
+
+    rng = np.random.default_rng(SEED)
+    config = GemvConfig(4, 16, 32, rows=1, col_threads=128, lanes=1, cols=4, unroll=4,
+                        split_k=4)
+    kernel = nmgen.Kernel(config)
+    b = nmgen.prune(rng.standard_normal((4096 + 13, 333), dtype=np.float32), (4, 16), 32)
+    x = torch.as_tensor(rng.standard_normal((3, b.shape[0]), dtype=np.float32), device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        kernel(x, b)  # warm up: the launch is built, the side stream's counters made
+    torch.cuda.current_stream().wait_stream(side)
+    zero_filled = []
+    made = launch._torch_workspace
+    monkeypatch.setattr(launch, "_torch_workspace", lambda a_op, count, dtype, zeroed: (
+        zero_filled.append(zeroed), made(a_op, count, dtype, zeroed))[1])
+    warm = capture_stream == "warm-up stream"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side if warm else None):
+        y = kernel(x, b)
+    assert zero_filled == ([False] if warm else [False, True])  # the partial sums, counters
+    for _ in range(3):
+        fill_new_values(cp.asarray(x), rng)
+        y.fill_(float("nan"))
+        graph.replay()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            between = kernel(x, b)  # the stream's own call, after the replay
+        torch.cuda.synchronize()
+        check(y, x, b)
+        check(between, x, b)
+        gpu_cases["kernel_cases"] += 2

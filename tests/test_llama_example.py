@@ -27,10 +27,11 @@ def test_quick_run_on_cpu_with_a_decode_profile(tmp_path):
     example = load_example()
     rc = example.main(["--quick", "--device", "cpu", "--modes", "eager", "--patterns", "8:32",
                        "--vec", "16", "--no-semi24", "--batches", "1", "--profile-steps", "1",
-                       "--out", str(tmp_path)])
+                       "--fuse", "only", "--out", str(tmp_path)])
     record = json.loads((tmp_path / "results.json").read_text())
     assert rc == 0, [row["error"] for row in record["rows"]]
     dense, sparse = record["rows"]
+    assert sparse["variant"].endswith(" fused") and sparse["notes"] == ["4 sibling groups fused"]
     assert sparse["logits_within_tol"] is True
     assert sparse["decode_step_us"]["nmgen"] > 0 and "nmgen" not in dense["decode_step_us"]
     for row in (dense, sparse):

@@ -471,7 +471,13 @@ def _workspaces(plans: list[BoundPlan], keeper: BoundPlan, a_op: Operand, in_cap
     """The workspaces ``plans`` need, each as large as the largest of them asks: (array,
     address) by name, zero-filled where asked, on the current stream; a persistent one is
     ``keeper``'s for this stream, made at its first call. The caller holds the arrays until
-    its launches are queued."""
+    its launches are queued.
+
+    A graph captured on a stream that already made its persistent workspace (torch's CUDA
+    graph trees warm up and record on one stream) uses that one too: the kernels leave it
+    zeroed, so the graph holds no zero-fill of its own (a kernel node a launch). Graphs
+    that use it must then not replay at the same time as each other or as calls on that
+    stream, which torch's graph trees never do."""
     specs: dict[str, Any] = {}
     for bound in plans:
         for space in bound.plan.workspaces:
@@ -480,15 +486,15 @@ def _workspaces(plans: list[BoundPlan], keeper: BoundPlan, a_op: Operand, in_cap
                 specs[space.name] = space
     spaces = {}
     for name, s in specs.items():
-        if in_capture and a_op.torch:  # from the graph's pool, as torch's own temporaries
-            spaces[name] = _torch_workspace(a_op, s.count, s.dtype, s.zeroed or s.persistent)
-        elif s.persistent:
-            key = (name, stream_ptr)
-            if key not in keeper.persistent:
-                array, ptr = _workspace(keeper, a_op, in_capture, s.count, s.dtype, True)
-                keeper.kept.append(array)  # held with the plan, never back to a pool
-                keeper.persistent[key] = (array, ptr)
+        key = (name, stream_ptr)
+        if s.persistent and key in keeper.persistent:
             spaces[name] = keeper.persistent[key]
+        elif in_capture and a_op.torch:  # from the graph's pool, as torch's own temporaries
+            spaces[name] = _torch_workspace(a_op, s.count, s.dtype, s.zeroed or s.persistent)
+        elif s.persistent:  # the stream's first call: made zeroed, then kept so
+            array, ptr = _workspace(keeper, a_op, in_capture, s.count, s.dtype, True)
+            keeper.kept.append(array)  # held with the plan, never back to a pool
+            keeper.persistent[key] = spaces[name] = (array, ptr)
         else:
             spaces[name] = _workspace(keeper, a_op, in_capture, s.count, s.dtype, s.zeroed)
     return spaces
@@ -526,7 +532,8 @@ def _torch_workspace(a_op: Operand, count: int, dtype: np.dtype, zeroed: bool
     temporary of the graph's memory pool (``torch.cuda.graph`` and the graph trees of
     ``torch.compile(mode="reduce-overhead")`` alike), which the graph's later work may
     reuse once the launch is done, as with torch's own temporaries. One the kernels keep
-    between calls (the split-K tile counters) is zeroed by the graph at every replay."""
+    between calls (the split-K tile counters) that the capturing stream has not made
+    before is zeroed by the graph at every replay."""
     import torch
 
     make = torch.zeros if zeroed else torch.empty
