@@ -47,7 +47,9 @@ class Aligned16:
 class TensorMap2D:
     """A Hopper tensor map (by value) of a 2-D matrix in a buffer: ``cols`` × ``rows``
     elements of ``itemsize`` bytes, rows ``ld`` elements apart, copied in boxes of
-    ``box`` = (cols, rows); out-of-bounds reads return zeros."""
+    ``box`` = (cols, rows); out-of-bounds reads return zeros. ``swizzle_128b``: a box
+    lands in shared memory in the 128-byte swizzle (each 16-byte chunk at its index XOR
+    the address's bits 7-9; a box row at most 128 bytes)."""
 
     buffer: str
     cols: int
@@ -55,6 +57,7 @@ class TensorMap2D:
     ld: int
     box: tuple[int, int]
     itemsize: int = 4
+    swizzle_128b: bool = False
 
 
 Arg = Scalar | Pointer | Aligned16 | TensorMap2D

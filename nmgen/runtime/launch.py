@@ -157,7 +157,8 @@ class _MapSlot:
             ctypes.memmove(self.map, cached, ctypes.sizeof(self.map))
         else:
             s = self.spec
-            tma.encode_matrix(self.map, ptr, s.cols, s.rows, s.ld, s.box, s.itemsize)
+            tma.encode_matrix(self.map, ptr, s.cols, s.rows, s.ld, s.box, s.itemsize,
+                              s.swizzle_128b)
             if len(self.encoded) >= TMA_MAPS_KEPT:
                 self.encoded.pop(next(iter(self.encoded)))
             self.encoded[ptr] = bytes(self.map)
