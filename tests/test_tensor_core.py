@@ -129,11 +129,11 @@ PINNED = {
     ("mma", "weight"):
         "596111e9f03e4bae9b5df55b02ee9691a25fb9ac5752d0a0ad9995c9b7b0ca63",
     ("wgmma", "configs"):
-        "92d91b2d4e38386057a85e5834b4d5380a72e37ccd37eb0d34b270f7a4327909",
+        "0463ca0aa40b549de8d900047c30d05d50e27034e2c1907c113d0f0b95f9c91b",
     ("wgmma", "model"):
         "4d104fe14cf5bb5412c53f44a3666284eca7a1d27d75a9a22eb6137f9fff732e",
     ("wgmma", "sources"):
-        "3cf041569fc1675511b5649e123cce9ab61a881cff31f183f12127a0dac5ba20",
+        "cf60a235ec664205ea3bbdf167d5e77ba0df256afc6e8c2608bbe880a2022193",
     ("wgmma", "weight"):
         "166cad218952c03e553995519f52f99db7976bf909f6777b4f220a89700b84e4",
 }

@@ -61,8 +61,8 @@ def test_a_producer_warpgroup_is_named_and_stored_only_where_it_is_one():
                          stages=6)
     assert other.name == "nm_wgmma_f16_n8m32l128_b256x64x32_g2_s6_ws_km_sm90a_bias_gelu"
     assert config_from_name(other.name) == other
-    with pytest.raises(nmgen.ConfigError, match="producer='tma'"):
-        CONFIG.replace(producer="tma")
+    with pytest.raises(nmgen.ConfigError, match="producer='bulk'"):
+        CONFIG.replace(producer="bulk")
     with pytest.raises(nmgen.ConfigError, match="not a wgmma kernel name"):
         WgmmaConfig.from_name("nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_ws_sm90a")
 

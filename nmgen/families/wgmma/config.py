@@ -15,6 +15,11 @@ specialisation, name tag ``_ws``), the stages handed over by two mbarriers each 
 empty); the ``warpgroups`` warpgroups only issue MMAs. Its registers are rebalanced by
 ``setmaxnreg`` where the consumers need more than an even share (``register_split``). It
 reads A as the shared kernel does (row-major A: the transpose kernel's K-major copy).
+``"tma"``: the same producer warpgroup, whose first warp fills a stage by the bulk copy
+engine (name tag ``_tma``): the B' tile as boxes of 64 columns, each gathered row of A as
+one-row boxes straight into the swizzled tile (the 128-byte swizzle follows the shared
+address), the full barrier completed by the copies' bytes. It needs A 16-byte aligned with
+rows a multiple of 16 bytes apart; elsewhere its ``_ws`` twin runs (``cp_async_twin``).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from ...epilogue import NO_EPILOGUE, Epilogue
 from ...format import DType
 from ...gpus import REGISTERS_PER_SM, Arch
 from ...problem import ALayout
-from ..space import coerce_enums
+from ..space import ConfigError, coerce_enums
 from ..tensor_core.config import (
     ELEMENT_BYTES,
     MAX_REGISTERS,
@@ -64,6 +69,10 @@ MIN_SETMAXNREG, MAX_SETMAXNREG = 24, 256
 CONSUMER_OVERHEAD = 32
 PRODUCER_OVERHEAD = 32
 PRODUCER_B_CHUNK = 4
+# A bulk-copy producer (producer "tma") thread's registers after setmaxnreg.dec: its warp's
+# lanes hold a stage's row indices (at most 4 a lane), the maps' and barriers' addresses and
+# the loop state (tests/test_wgmma.py's nvcc tests compile the split without spills).
+TMA_PRODUCER_REGISTERS = 40
 # ptxas (CUDA 13.0) compiles a wgmma m64nNk16 only where the launch register count (before
 # any setmaxnreg.inc) holds its N/2 accumulators and about this many more: N = 64, 128, 256
 # ask for 58, 90, 154.
@@ -75,11 +84,13 @@ class Producer(str, Enum):
 
     SHARED = "shared"  # the MMA warpgroups themselves, a block barrier a stage
     WARP = "warp"  # one more warpgroup, mbarriers a stage (warp specialisation)
+    TMA = "tma"  # the producer warpgroup, its copies by the bulk copy engine
 
 
 # Parameters that came after the first tuned kernels, with the default that reproduces them.
 LATER_PARAMETERS: dict[str, Any] = {"producer": Producer.SHARED.value}
-WS_TAG = "_ws"  # the name's tag of a producer warpgroup
+# The name's tag of a producer warpgroup, by what copies.
+PRODUCER_TAGS = {Producer.WARP: "_ws", Producer.TMA: "_tma"}
 
 
 def _granules(registers: int) -> int:
@@ -90,8 +101,9 @@ def _granules(registers: int) -> int:
 @dataclass(frozen=True)
 class WgmmaConfig(TensorCoreConfig):
     """e.g. ``nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_km_sm90a``: warpgroups (``g2``),
-    ``_ws`` after the stages for a producer warpgroup (``..._g2_s4_ws_km_sm90a``), the
-    arch-specific target (``sm90a``); an epilogue's tag last (``..._sm90a_bias_silu``)."""
+    ``_ws`` after the stages for a producer warpgroup (``..._g2_s4_ws_km_sm90a``), ``_tma``
+    for one of bulk copies (``..._g2_s4_tma_km_sm90a``), the arch-specific target
+    (``sm90a``); an epilogue's tag last (``..._sm90a_bias_silu``)."""
 
     n: int
     m: int
@@ -111,7 +123,7 @@ class WgmmaConfig(TensorCoreConfig):
     warp_fields: ClassVar[tuple[str, ...]] = ("warpgroups",)
     arch_suffix: ClassVar[str] = "a"
     name_re: ClassVar[re.Pattern[str]] = name_pattern(FAMILY, r"g(?P<warpgroups>\d+)", "a",
-                                                      rf"(?P<ws>{WS_TAG})?")
+                                                      rf"(?P<producer>{'|'.join(PRODUCER_TAGS.values())})?")
     name_example: ClassVar[str] = "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_km_sm90a"
 
     def __post_init__(self) -> None:
@@ -122,7 +134,17 @@ class WgmmaConfig(TensorCoreConfig):
     @property
     def specialized(self) -> bool:
         """Whether a producer warpgroup of its own copies the stages in."""
-        return self.producer is Producer.WARP
+        return self.producer in PRODUCER_TAGS
+
+    @property
+    def tma(self) -> bool:
+        """Whether the producer copies by the bulk copy engine (tensor maps of A and B')."""
+        return self.producer is Producer.TMA
+
+    def cp_async_twin(self) -> WgmmaConfig:
+        """Producer "tma": the same kernel with the 16-byte-copy producer (``_ws``), what
+        runs where the bulk copy engine cannot address A; else this configuration."""
+        return self.replace(producer=Producer.WARP) if self.tma else self
 
     @property
     def threads(self) -> int:
@@ -162,22 +184,24 @@ class WgmmaConfig(TensorCoreConfig):
 
     @property
     def registers_estimate(self) -> int:
-        """Registers a thread (producer "warp": an MMA thread's)."""
+        """Registers a thread (a producer warpgroup: an MMA thread's)."""
         if self.specialized:
             return self.accumulators + CONSUMER_OVERHEAD
         return self.accumulators + REGISTER_OVERHEAD
 
     @property
     def producer_registers(self) -> int:
-        """Registers a producer thread needs (producer "warp"; 0 without one)."""
+        """Registers a producer thread needs (0 without one)."""
         if not self.specialized:
             return 0
+        if self.tma:
+            return TMA_PRODUCER_REGISTERS
         return _granules(PRODUCER_OVERHEAD + self.a_per_thread
                          + PRODUCER_B_CHUNK * self.b_per_thread)
 
     @property
     def block_registers(self) -> int:
-        """Registers a block needs: every thread the estimate, or (producer "warp") the
+        """Registers a block needs: every thread the estimate, or (a producer warpgroup) the
         producer warpgroup and the MMA warpgroups theirs, in granules."""
         if not self.specialized:
             return self.threads * self.registers_estimate
@@ -192,8 +216,8 @@ class WgmmaConfig(TensorCoreConfig):
         return min(MAX_REGISTERS, share // REGISTER_GRANULE * REGISTER_GRANULE)
 
     def register_split(self, blocks: int) -> tuple[int, int, int] | None:
-        """Producer "warp" with ``blocks`` blocks an SM: (registers a thread at launch, the
-        producer's after ``setmaxnreg.dec``, the MMA threads' after ``setmaxnreg.inc``), or
+        """A producer warpgroup with ``blocks`` blocks an SM: (registers a thread at launch,
+        the producer's after ``setmaxnreg.dec``, the MMA threads' after ``setmaxnreg.inc``), or
         ``None`` where launch gives every thread enough (and without a producer
         warpgroup). setmaxnreg moves registers only inside the block (its pool): the MMA
         threads get launch + (launch - producer) / warpgroups, in granules."""
@@ -209,8 +233,8 @@ class WgmmaConfig(TensorCoreConfig):
         return launch, producer, min(MAX_SETMAXNREG, consumer)
 
     def fits_registers(self, blocks: int) -> bool:
-        """Whether ``blocks`` blocks an SM leave every thread the registers it needs (producer
-        "warp": after ``register_split``)."""
+        """Whether ``blocks`` blocks an SM leave every thread the registers it needs (a
+        producer warpgroup: after ``register_split``)."""
         if blocks * self.block_registers > REGISTERS_PER_SM:
             return False
         split = self.register_split(blocks)
@@ -221,7 +245,7 @@ class WgmmaConfig(TensorCoreConfig):
                 and launch >= self.bn // 2 + WGMMA_OPERAND_REGISTERS)
 
     def blocks_by_registers(self) -> int:
-        """Blocks an SM the registers allow (0 where not one fits; producer "warp": the
+        """Blocks an SM the registers allow (0 where not one fits; a producer warpgroup: the
         most that ``fits_registers``)."""
         if not self.specialized:
             return super().blocks_by_registers()
@@ -244,12 +268,12 @@ class WgmmaConfig(TensorCoreConfig):
 
     @property
     def barrier_bytes(self) -> int:
-        """The mbarriers (producer "warp"): full and empty a stage."""
+        """The mbarriers (a producer warpgroup): full and empty a stage."""
         return 2 * self.stages * BARRIER_BYTES if self.specialized else 0
 
     @functools.cached_property
     def smem_bytes(self) -> int:
-        """Dynamic shared memory: the stages, the mbarriers (producer "warp") and the
+        """Dynamic shared memory: the stages, the mbarriers (a producer warpgroup) and the
         slack that aligns them."""
         return self.stages * self.stage_bytes + self.barrier_bytes + ALIGN_SLACK
 
@@ -273,6 +297,16 @@ class WgmmaConfig(TensorCoreConfig):
         yield (f"block registers (producer {self.producer_registers} + MMA "
                f"~{self.registers_estimate} a thread) fit {REGISTERS_PER_SM}",
                self.fits_registers(1))
+        if self.tma:
+            yield ("its _ws twin is valid (it runs where A is not 16-byte addressable)",
+                   self._twin_is_valid())
+
+    def _twin_is_valid(self) -> bool:
+        try:
+            self.cp_async_twin()
+        except ConfigError:
+            return False
+        return True
 
     # ----------------------------------------------------------------- naming
     @property
@@ -281,9 +315,10 @@ class WgmmaConfig(TensorCoreConfig):
 
     @property
     def name_tag(self) -> str:
-        return WS_TAG if self.specialized else ""
+        return PRODUCER_TAGS.get(self.producer, "")
 
     @classmethod
     def tag_fields(cls, groups: dict[str, str | None]) -> dict[str, Any]:
-        return {"producer": Producer.WARP if groups["ws"] else Producer.SHARED}
+        by_tag = {tag: producer for producer, tag in PRODUCER_TAGS.items()}
+        return {"producer": by_tag.get(groups["producer"] or "", Producer.SHARED)}
 

@@ -9,11 +9,12 @@ from typing import Any
 from ...gpus import Arch, GpuSpec
 from ...problem import Problem
 from ...shapes import Shape
+from ..space import ConfigError, SearchSpace
 from ..tensor_core.config import DTYPES
 from ..tensor_core.family import TensorCoreFamily
 from ..tensor_core.model import RankTable
 from . import model, render
-from .config import FAMILY, TARGET, WgmmaConfig
+from .config import FAMILY, TARGET, Producer, WgmmaConfig
 from .space import SPACE
 
 SERVED_VECS = frozenset({64, 128, 256})  # multiples of the narrowest block (64 columns)
@@ -52,6 +53,21 @@ class Wgmma(TensorCoreFamily):
 
     def ranker(self, configs: Sequence[WgmmaConfig], gpu: GpuSpec) -> RankTable:
         return model.rank_table(configs, gpu)
+
+    def seed_candidates(self, problem: Problem, space: SearchSpace) -> list[WgmmaConfig]:
+        """The space's configurations but the bulk-copy producers: the model does not tell
+        one from its ``_ws`` twin, which the seeds and dispatch keep until a record says
+        otherwise."""
+        return [c for c in super().seed_candidates(problem, space) if not c.tma]
+
+    def refinements(self, config: WgmmaConfig) -> list[WgmmaConfig]:
+        """A ``_ws`` winner's twin whose producer copies by the bulk copy engine."""
+        if config.producer is not Producer.WARP:
+            return []
+        try:
+            return [config.replace(producer=Producer.TMA)]
+        except ConfigError:
+            return []
 
     def seed_shape(self, config: WgmmaConfig) -> tuple:
         """Seeds differ in more than their pipeline depth."""

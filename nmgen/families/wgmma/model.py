@@ -20,6 +20,9 @@ producer reads each stage's row indices before issuing its copies, behind
 ``PRODUCER_QUEUE_STAGES`` stages of every resident block's copies:
 ``max(b·(tensor + copy), PRODUCER_LATENCY_CYCLES + PRODUCER_QUEUE_STAGES·b·copy + issue)``.
 
+A bulk-copy producer (``producer="tma"``) is estimated as its ``_ws`` twin until its own
+times are fitted.
+
 The constants were fitted on the H100 bf16 tune of 8:32 at L = 64 and 128 (row-major A,
 1,540 trials of 64 problems): results/untuned_h100/bf16_tx/model_study_tensor_core.txt.
 """
@@ -99,7 +102,8 @@ def stage_time(config: WgmmaConfig, gpu: GpuSpec) -> WgmmaStage:
 
 def estimate(config: WgmmaConfig, gpu: GpuSpec, rows: int, cols: int, depth: int
              ) -> Estimate:
-    return tc.estimate(config, gpu, stage_time(config, gpu), rows, cols, depth)
+    modelled = config.cp_async_twin()  # producer "tma": its _ws twin's numbers
+    return tc.estimate(modelled, gpu, stage_time(modelled, gpu), rows, cols, depth)
 
 
 def estimate_ms(config: WgmmaConfig, gpu: GpuSpec, shape: Shape) -> float:

@@ -24,14 +24,14 @@ def min_blocks_per_sm(config: WgmmaConfig) -> int:
 
 
 def template_arguments(config: WgmmaConfig) -> dict[str, Any]:
-    """``ws``: a producer warpgroup (producer "warp"); ``registers``: its ``setmaxnreg``
-    split (launch, producer, MMA registers a thread), or ``None`` where launch gives every
-    thread enough."""
+    """``ws``: a producer warpgroup (producer "warp" or "tma"); ``tma``: its copies by the
+    bulk copy engine; ``registers``: its ``setmaxnreg`` split (launch, producer, MMA
+    registers a thread), or ``None`` where launch gives every thread enough."""
     min_blocks = min_blocks_per_sm(config)
     return {"min_blocks": min_blocks, "a_copied": config.a_copied,
             **transpose.template_arguments(),
             "mma_type": "bf16" if config.dtype.value == "bf16" else "f16",
-            "acc_count": config.bn // 2, "ws": config.specialized,
+            "acc_count": config.bn // 2, "ws": config.specialized, "tma": config.tma,
             "registers": config.register_split(min_blocks)}
 
 

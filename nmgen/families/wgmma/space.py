@@ -14,7 +14,7 @@ SPACE_PARAMS = (
     Param("windows", (1, 2, 4, 8, 16, 32)),  # windows a stage: bk = windows * n
     Param("warpgroups", (1, 2, 4)),  # 4: 256-row tiles of one m64 tile a warpgroup
     Param("stages", (3, 4, 5)),
-    Param("producer", ("shared", "warp")),  # who copies the stages in (config.Producer)
+    Param("producer", ("shared", "warp", "tma")),  # who copies the stages in (config.Producer)
 )
 
 
