@@ -16,20 +16,22 @@ import pytest
 import nmgen
 from nmgen.build import nvrtc
 from nmgen.families.mma import MMA
-from nmgen.families.plan import Aligned16, Call, Device, Pointer, Scalar
+from nmgen.families.plan import Aligned16, Call, Device, Pointer, Scalar, TensorMap2D
 from nmgen.families.registry import config_from_dict, config_from_name, serving
 from nmgen.families.tensor_core.prepare import prepare, stage_count
 from nmgen.families.wgmma import WGMMA, render
-from nmgen.families.wgmma.config import Producer, WgmmaConfig
+from nmgen.families.wgmma.config import TMA_PRODUCER_REGISTERS, Producer, WgmmaConfig
 from nmgen.families.wgmma.model import estimate, stage_mma_cycles, tensor_tflops
 from nmgen.families.wgmma.render import min_blocks_per_sm
 from nmgen.gpus import REGISTERS_PER_SM, Arch, gpu_spec
 from nmgen.problem import ALayout, Problem
+from nmgen.runtime import tma
 from nmgen.runtime.check import random_weight
 
 H100 = gpu_spec("h100")
 CONFIG = WgmmaConfig(8, 32, 128, bm=128, bn=128, windows=8, warpgroups=2, stages=4)
 WARP = CONFIG.replace(producer="warp")  # a producer warpgroup of its own
+TMA = CONFIG.replace(producer="tma")  # the producer warpgroup, by bulk copies
 DEVICE = Device(132, lambda entry, threads, smem: 1)
 
 
@@ -382,6 +384,194 @@ def test_a_producer_warpgroup_reads_row_major_a_through_the_same_copy():
                 > estimate(CONFIG.replace(producer="warp"), H100, *shape).time_ms)
 
 
+# ------------------------------------------------------------------------ bulk copies
+def test_a_bulk_copy_producer_is_named_stored_and_sized_as_its_ws_twin():
+    assert TMA.producer is Producer.TMA and TMA.tma and TMA.specialized
+    assert not WARP.tma and not CONFIG.tma
+    assert TMA.name == "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_tma_km_sm90a"
+    assert WgmmaConfig.from_name(TMA.name) == TMA and config_from_name(TMA.name) == TMA
+    assert config_from_dict(TMA.to_dict()) == TMA and TMA.to_dict()["producer"] == "tma"
+    assert WgmmaConfig.from_json(TMA.to_json()) == TMA
+    other = TMA.replace(dtype="f16", bn=64, bm=256, epilogue="bias_gelu", windows=4,
+                        stages=6, a_layout="rm")
+    assert other.name == "nm_wgmma_f16_n8m32l128_b256x64x32_g2_s6_tma_rm_sm90a_bias_gelu"
+    assert config_from_name(other.name) == other
+    for name in ("nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_ws_tma_km_sm90a",
+                 "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_tmaws_km_sm90a"):
+        with pytest.raises(nmgen.ConfigError, match="not a wgmma kernel name"):
+            WgmmaConfig.from_name(name)
+    # the _ws twin: what runs where the engine cannot address A
+    assert TMA.cp_async_twin() == WARP and WARP.cp_async_twin() is WARP
+    assert CONFIG.cp_async_twin() is CONFIG
+    assert (TMA.threads, TMA.smem_bytes, TMA.barrier_bytes) == (
+        WARP.threads, WARP.smem_bytes, WARP.barrier_bytes)
+    assert TMA.producer_registers == TMA_PRODUCER_REGISTERS < WARP.producer_registers
+
+
+def test_a_bulk_copy_producer_gives_the_mma_warpgroups_more_registers():
+    one = WgmmaConfig(16, 32, 128, bm=128, bn=128, windows=2, warpgroups=1, stages=4,
+                      producer="tma")
+    assert min_blocks_per_sm(one) == 2
+    assert one.register_split(2) == (128, TMA_PRODUCER_REGISTERS, 216)
+    assert one.cp_async_twin().register_split(2) == (128, 56, 200)
+    code = nmgen.render(one).code
+    assert f"setmaxnreg_dec<{TMA_PRODUCER_REGISTERS}>();" in code
+    assert "setmaxnreg_inc<216>();" in code
+    two = one.replace(warpgroups=2)
+    assert min_blocks_per_sm(two) == 1 and "setmaxnreg" not in nmgen.render(two).code
+
+
+def test_every_bulk_copy_configuration_of_the_space_has_its_ws_twin():
+    for problem in PROBLEMS[:3]:
+        configs = list(WGMMA.space.enumerate(problem))
+        names = {c.name for c in configs}
+        bulk = [c for c in configs if c.tma]
+        assert bulk and all(c.cp_async_twin().name in names for c in bulk)
+        # and every _ws configuration its bulk-copy one
+        assert {c.replace(producer="tma").name for c in configs
+                if c.producer is Producer.WARP} == {c.name for c in bulk}
+
+
+def test_render_of_a_bulk_copy_producer():
+    code = nmgen.render(TMA).code
+    assert TMA.name in code and "//   producer   = tma" in code
+    body = code.split('extern "C"')[1]
+    # one thread's expect_tx of the whole stage, then the lanes' bulk tensor copies
+    assert "mbarrier.arrive.expect_tx.shared::cta.b64" in code
+    assert "cp.async.bulk.tensor.2d.shared::cluster.global.tile" in code
+    assert ".mbarrier::complete_tx::bytes" in code
+    assert "if (lane == 0) mbar_expect_tx(bar, STAGE_BYTES);" in body
+    assert "mbar_init(full + 8 * b, 1);" in body and "COPY_THREADS);" not in body
+    assert "if (threadIdx.x % 128 >= 32) return;" in body
+    assert "const __grid_constant__ TmaMap a_map" in code
+    assert "const __grid_constant__ TmaMap b_map" in code
+    assert "tma_stage(smem_sh + buffer * STAGE_BYTES, bar, &a_map, &b_map" in body
+    # no 16-byte copies, no proxy fence: the engine writes through the async proxy
+    assert "cp.async.mbarrier.arrive" not in code and "load_stage(" not in body
+    assert "fence_proxy_async()" not in body and "cp_async_wait" not in body
+    assert code.count("__syncthreads()") == 1 and "mbar_wait(empty" in body
+    assert f"== {TMA.smem_bytes}" in code
+    # B' boxes of 64 columns x BK rows and one-row boxes of A into the swizzled tile
+    assert "tma_copy_2d(stage_sh + lane * ATOM_BYTES, b_map, n0 + 64 * lane, s * BK, bar);" \
+        in code
+    assert "tma_copy_2d(stage_sh + B_TILE_BYTES + atom * ATOM_BYTES + r * ROW_BYTES, a_map," \
+        in code
+    with_bias = nmgen.render(TMA.replace(epilogue="bias_relu")).code
+    assert "TmaMap b_map, const bias_t* __restrict__ bias" in with_bias
+
+
+def plan_weight(config: WgmmaConfig):
+    weight = random_weight(np.random.default_rng(0), 8, 32, 128, 300, 200,
+                           dtype=nmgen.DType.BF16)
+    return weight, prepare(weight, config)
+
+
+@pytest.mark.parametrize("epilogue", [None, "bias_silu"])
+def test_a_bulk_copy_plan_appends_swizzled_maps_of_a_and_the_values(epilogue):
+    config, warp = TMA.replace(epilogue=epilogue), WARP.replace(epilogue=epilogue)
+    weight, prepared = plan_weight(config)
+    values = prepared.arrays["values"]
+    call = Call(300, 304, True)
+    (launch,) = WGMMA.plan(config, prepared, weight.shape, call, DEVICE).launches
+    (twin,) = WGMMA.plan(warp, prepared, weight.shape, call, DEVICE).launches
+    assert launch.entry == config.name and (launch.grid, launch.threads, launch.smem) == (
+        twin.grid, twin.threads, twin.smem)
+    maps = [a for a in launch.args if isinstance(a, TensorMap2D)]
+    assert maps == [TensorMap2D("a", 300, 300, 304, (64, 1), 2, swizzle_128b=True),
+                    TensorMap2D("values", values.shape[1], values.shape[0], values.shape[1],
+                                (64, config.bk), 2, swizzle_128b=True)]
+    # the _ws twin's arguments, the maps after them (before the bias)
+    head = len(twin.args) - (1 if epilogue else 0)
+    assert launch.args[:head] == twin.args[:head] and launch.args[head:head + 2] == tuple(maps)
+    assert launch.args[head + 2:] == twin.args[head:]
+
+
+@pytest.mark.parametrize("lda, aligned", [(303, True), (300, True), (304, False)])
+def test_a_bulk_copy_plan_runs_its_ws_twin_where_a_is_not_addressable(lda, aligned):
+    weight, prepared = plan_weight(TMA)
+    plan = WGMMA.plan(TMA, prepared, weight.shape, Call(300, lda, aligned), DEVICE)
+    assert plan.launches == () and plan.instead == WARP
+    assert WGMMA.plan(plan.instead, prepared, weight.shape, Call(300, lda, aligned),
+                      DEVICE).launches[0].entry == WARP.name
+
+
+def test_a_bulk_copy_producer_reads_row_major_a_through_the_transposed_copy():
+    """Row-major A: the map is of the transpose's K-major workspace (rows padded to 16
+    bytes), whatever A's alignment."""
+    config = TMA.replace(a_layout="rm")
+    weight, prepared = plan_weight(config)
+    for call in (Call(301, 400, True), Call(301, 401, False)):
+        plan = WGMMA.plan(config, prepared, weight.shape, call, DEVICE)
+        twin = WGMMA.plan(config.cp_async_twin(), prepared, weight.shape, call, DEVICE)
+        assert plan.instead is None and plan.workspaces == twin.workspaces
+        copy, main = plan.launches
+        assert copy == twin.launches[0].__class__(
+            config.name + "_transpose", *[getattr(twin.launches[0], f)
+                                          for f in ("grid", "threads", "smem", "args")])
+        a_map = next(a for a in main.args if isinstance(a, TensorMap2D))
+        assert a_map == TensorMap2D("a_copy", 301, 300, 304, (64, 1), 2, swizzle_128b=True)
+
+
+def test_the_model_takes_a_bulk_copy_producer_for_its_ws_twin():
+    for shape in [(4096, 4096, 4096), (128, 11008, 4096), (37, 200, 300)]:
+        assert estimate(TMA, H100, *shape) == estimate(WARP, H100, *shape)
+    assert WGMMA.feasible(TMA, H100) is None
+    assert "sm_90a" in WGMMA.feasible(TMA, gpu_spec("a100"))
+
+
+def test_bulk_copy_producers_are_drawn_not_seeded_and_refine_ws_winners():
+    problem = PROBLEMS[0]
+    assert not any(c.tma for c in WGMMA.seed_candidates(problem, WGMMA.space))
+    rng = random.Random(2)
+    assert any(WGMMA.space.sample(problem, rng).tma for _ in range(40))
+    assert WGMMA.in_space(TMA, problem)
+    assert WGMMA.refinements(WARP) == [TMA]
+    assert WGMMA.refinements(CONFIG) == [] and WGMMA.refinements(TMA) == []
+    tuned = WgmmaConfig.from_name(TUNED_FASTEST[128])
+    assert WGMMA.default_config(Problem(8, 32, 128, ALayout.ROW_MAJOR, dtype="bf16"), H100,
+                                (1024, 8192, 8192)) == tuned  # the _ws kernel, not its twin
+
+
+class _FakeEncode:
+    """cuTensorMapEncodeTiled, recording its arguments."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def __call__(self, *args):
+        self.calls.append(args)
+        return 0
+
+
+@pytest.mark.parametrize("swizzle, mode", [(False, 0), (True, 3)])
+def test_tensor_maps_are_encoded_with_the_128_byte_swizzle_where_asked(monkeypatch, swizzle,
+                                                                       mode):
+    from nmgen.runtime.launch import _MapSlot
+
+    fake = _FakeEncode()
+    monkeypatch.setattr(tma, "_encode_tiled", lambda: fake)
+    out = tma.TensorMap()
+    tma.encode_matrix(out, 0x1000, 300, 200, 304, (64, 1), 2, swizzle)
+    args = fake.calls[0]
+    assert args[1] == 1 and args[2].value == 2  # UINT16, two dimensions
+    assert list(args[4]) == [300, 200] and list(args[5]) == [608] and list(args[6]) == [64, 1]
+    assert args[9] == mode and args[8] == args[10] == args[11] == 0
+    spec = TensorMap2D("a", 300, 200, 304, (64, 1), 2, swizzle_128b=swizzle)
+    _MapSlot(tma.TensorMap(), spec).point_at(0x2000)
+    assert fake.calls[1][9] == mode and fake.calls[1][3].value == 0x2000
+    # fp32 maps as before: no swizzle unless asked
+    tma.encode_matrix(out, 0x1000, 300, 200, 304, (32, 32))
+    assert fake.calls[2][9] == 0 and fake.calls[2][1] == 7
+
+
+def test_a_swizzled_map_refuses_box_rows_past_128_bytes(monkeypatch):
+    monkeypatch.setattr(tma, "_encode_tiled", lambda: _FakeEncode())
+    with pytest.raises(ValueError, match="at most 128 bytes"):
+        tma.encode_matrix(tma.TensorMap(), 0x1000, 300, 200, 304, (128, 1), 2, True)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        tma.encode_matrix(tma.TensorMap(), 0x1000, 300, 200, 303, (64, 1), 2, True)
+
+
 def test_model_ranks_big_tiles_first_at_large_shapes_and_sparsity_pays():
     shape = (4096, 4096, 4096)
     best = {}
@@ -594,6 +784,62 @@ def test_named_producer_warpgroup_configurations_compile_without_spills(name):
 @pytest.mark.parametrize("index", range(16))
 def test_sampled_producer_warpgroup_configurations_compile_without_spills(index):
     check_resources(warp_sample()[index])
+
+
+# Bulk-copy producers: the _tma twins of the producer-warpgroup kernels above
+NVCC_TMA = [name.replace("_ws_", "_tma_") for name in NVCC_WARP]
+
+
+def check_producer_registers(config: WgmmaConfig) -> None:
+    """Where setmaxnreg splits the registers, the producer's share is the constant (and
+    ``check_resources`` found no spill, so its copies fit it)."""
+    split = config.register_split(min_blocks_per_sm(config))
+    if split is not None:
+        assert split[1] == TMA_PRODUCER_REGISTERS, f"{config.name}: {split}"
+
+
+def test_the_bulk_copy_sample_splits_registers_in_some():
+    configs = [WgmmaConfig.from_name(name) for name in NVCC_TMA]
+    assert all(c.tma for c in configs) and len(configs) == 12
+    split = [c for c in configs if c.register_split(min_blocks_per_sm(c)) is not None]
+    assert len(split) >= 4
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", NVCC_TMA)
+def test_named_bulk_copy_configurations_compile_without_spills(name):
+    config = WgmmaConfig.from_name(name)
+    check_resources(config)
+    check_producer_registers(config)
+
+
+# The largest stages of bulk copies a lane (LANE_ROWS rows of A x BM / 64 boxes, BN / 64
+# B' boxes), compiled with the producer's setmaxnreg.dec forced to the constant.
+TMA_FORCED_SPLIT = [
+    "nm_wgmma_bf16_n12m32l64_b256x64x96_g4_s3_tma_km_sm90a",  # 3 rows x 4 boxes a lane
+    "nm_wgmma_bf16_n16m32l64_b128x64x128_g2_s3_tma_km_sm90a",  # 4 rows x 2 boxes
+    "nm_wgmma_f16_n16m32l256_b128x256x96_g2_s3_tma_km_sm90a_bias_silu",  # 4 B' boxes
+]
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", TMA_FORCED_SPLIT)
+def test_the_bulk_copy_producer_fits_its_registers_in_the_largest_stages(name, monkeypatch):
+    from nmgen.build.nvcc import compile_with_nvcc
+    from nmgen.codegen import render_text
+
+    config = WgmmaConfig.from_name(name)
+    launch = config.launch_registers(min_blocks_per_sm(config))
+    assert launch < 255 and config.register_split(min_blocks_per_sm(config)) is None
+    split = (launch, TMA_PRODUCER_REGISTERS, launch)  # the MMA threads keep theirs
+    arguments = WGMMA.template_arguments
+    monkeypatch.setattr(WGMMA, "template_arguments",
+                        lambda c: {**arguments(c), "registers": split})
+    template = (WGMMA.templates / WGMMA.template).read_text()
+    compiled = compile_with_nvcc(render_text(config, template))
+    main = compiled.resources[config.name]
+    assert f"setmaxnreg_dec<{TMA_PRODUCER_REGISTERS}>" in render_text(config, template).code
+    assert main.spill_stores == main.spill_loads == main.stack_bytes == 0, f"{name}: {main}"
 
 
 @pytest.mark.nvcc
