@@ -7,7 +7,10 @@ before every launch; then 4096^3 problems on the model's choice and a hand-picke
 configuration of each tile shape. Kernels with a producer warpgroup (``producer="warp"``,
 mbarriers instead of block barriers, some with setmaxnreg) are drawn by the space too, and
 a hand-picked few (row-major A among them: the K-major copy read as the shared kernel
-reads it) run odd shapes with K deep enough for many passes over the stages. The
+reads it) run odd shapes with K deep enough for many passes over the stages; so do their
+bulk-copy twins (``producer="tma"``: one-row boxes of A gathered into the swizzled tiles,
+rows past K and columns past M out of the map's bounds), first on A the engine addresses,
+then on A it cannot (where their ``_ws`` twins run instead). The
 reference is the float64 product of the rounded inputs; the tolerance is the mma family's
 (``test_mma_gpu.tolerance``): the output's rounding and the FP32 accumulation of K
 products.
@@ -32,7 +35,7 @@ from nmgen.runtime.check import random_weight
 from nmgen.runtime.device import device_info
 from nmgen.runtime.launch import Kernel
 
-from .test_mma_gpu import _float64, make_a, relative_error, tolerance
+from .test_mma_gpu import _float64, make_a, relative_error, row_pad, tolerance
 
 pytestmark = pytest.mark.gpu
 
@@ -113,6 +116,8 @@ TILES = ["nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_km_sm90a",
          "nm_wgmma_bf16_n16m32l128_b256x128x32_g2_s5_ws_km_sm90a",
          "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_ws_rm_sm90a",
          "nm_wgmma_bf16_n16m32l128_b256x128x32_g4_s4_km_sm90a",  # four warpgroups
+         "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_tma_km_sm90a",  # bulk copies
+         "nm_wgmma_bf16_n8m32l128_b128x128x32_g2_s4_tma_rm_sm90a",
          "nm_wgmma_f16_n8m32l128_b256x128x32_g4_s4_rm_sm90a"]
 
 
@@ -154,6 +159,49 @@ def test_producer_warpgroup_on_odd_shapes_matches_float64(name, gpu_cases):
         gpu_cases["kernel_cases"] += 1
         if not err < tolerance(config.dtype, depth):
             wrong.append(f"M={rows} N={cols} K={depth} pad={pad}: {err:.3g}")
+    assert not wrong, f"{name}, seed {SEED}: {len(wrong)} wrong:\n" + "\n".join(wrong)
+
+
+# Bulk-copy producers: the _tma twins of the producer warpgroups above. (M, N, K, A's row
+# padding) of A whose rows the engine addresses (K-major: M a multiple of 8 or rows padded
+# to one; row-major: always, through the K-major copy): M not a multiple of 64 (boxes past
+# M), K not of m (rows -1), one stage and many passes over the buffers.
+TMA = [name.replace("_ws_", "_tma_") for name in WARP]
+TMA_SHAPES = [(8, 333, 4099, "none"), (17, 129, 3001, "wide"), (100, 200, 2500, "wide"),
+              (256, 65, 7, "none"), (136, 257, 1, "none"), (64, 64, 700, "none"),
+              (1, 100, 300, "wide")]
+
+
+def addressable_by_the_engine(config: WgmmaConfig, rows: int, pad: str) -> bool:
+    """Whether A's rows are 16-byte addressable as the kernel reads A (``make_a``)."""
+    return config.a_copied or (rows + row_pad(pad, rows)) % 8 == 0
+
+
+@pytest.mark.parametrize("name", TMA)
+def test_bulk_copy_producer_on_odd_shapes_matches_float64(name, gpu_cases):
+    config = WgmmaConfig.from_name(name)
+    kernel = Kernel(config)
+    rng = random.Random(SEED)
+    wrong = []
+    for rows, cols, depth, pad in TMA_SHAPES:
+        assert addressable_by_the_engine(config, rows, pad)
+        err = relative_error(kernel, np.random.default_rng(rng.randrange(1 << 31)), rows,
+                             cols, depth, pad)
+        gpu_cases["kernel_cases"] += 1
+        if not err < tolerance(config.dtype, depth):
+            wrong.append(f"M={rows} N={cols} K={depth} pad={pad}: {err:.3g}")
+    assert not kernel._instead, f"{name}: {list(kernel._instead)}"  # the bulk copies ran
+    # then the producer warpgroup's shapes: its _ws twin where the engine cannot address A
+    shapes = WARP_SHAPES + draw_shapes(rng, config)[:5]
+    for rows, cols, depth, pad in shapes:
+        err = relative_error(kernel, np.random.default_rng(rng.randrange(1 << 31)), rows,
+                             cols, depth, pad)
+        gpu_cases["kernel_cases"] += 1
+        if not err < tolerance(config.dtype, depth):
+            wrong.append(f"M={rows} N={cols} K={depth} pad={pad}: {err:.3g}")
+    unaddressable = any(not addressable_by_the_engine(config, rows, pad)
+                        for rows, _, _, pad in shapes)
+    assert list(kernel._instead) == ([config.cp_async_twin().name] if unaddressable else [])
     assert not wrong, f"{name}, seed {SEED}: {len(wrong)} wrong:\n" + "\n".join(wrong)
 
 
