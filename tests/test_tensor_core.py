@@ -129,11 +129,11 @@ PINNED = {
     ("mma", "weight"):
         "596111e9f03e4bae9b5df55b02ee9691a25fb9ac5752d0a0ad9995c9b7b0ca63",
     ("wgmma", "configs"):
-        "0463ca0aa40b549de8d900047c30d05d50e27034e2c1907c113d0f0b95f9c91b",
+        "a72f7fa6fe7cb47ef79b0d029e5e79189c111ee445cdb87aa66aebd2c6c4aaad",
     ("wgmma", "model"):
         "4d104fe14cf5bb5412c53f44a3666284eca7a1d27d75a9a22eb6137f9fff732e",
     ("wgmma", "sources"):
-        "cf60a235ec664205ea3bbdf167d5e77ba0df256afc6e8c2608bbe880a2022193",
+        "0cf3cf002c0e4dd8d42b2d5cb7fd51bfcd8b182aaa63efb32fca720eac78703c",
     ("wgmma", "weight"):
         "166cad218952c03e553995519f52f99db7976bf909f6777b4f220a89700b84e4",
 }

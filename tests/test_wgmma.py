@@ -20,7 +20,7 @@ from nmgen.families.plan import Aligned16, Call, Device, Pointer, Scalar, Tensor
 from nmgen.families.registry import config_from_dict, config_from_name, serving
 from nmgen.families.tensor_core.prepare import prepare, stage_count
 from nmgen.families.wgmma import WGMMA, render
-from nmgen.families.wgmma.config import TMA_PRODUCER_REGISTERS, Producer, WgmmaConfig
+from nmgen.families.wgmma.config import Producer, WgmmaConfig
 from nmgen.families.wgmma.model import estimate, stage_mma_cycles, tensor_tflops
 from nmgen.families.wgmma.render import min_blocks_per_sm
 from nmgen.gpus import REGISTERS_PER_SM, Arch, gpu_spec
@@ -31,7 +31,7 @@ from nmgen.runtime.check import random_weight
 H100 = gpu_spec("h100")
 CONFIG = WgmmaConfig(8, 32, 128, bm=128, bn=128, windows=8, warpgroups=2, stages=4)
 WARP = CONFIG.replace(producer="warp")  # a producer warpgroup of its own
-TMA = CONFIG.replace(producer="tma")  # the producer warpgroup, by bulk copies
+TMA = CONFIG.replace(producer="tma")  # the producer warpgroup, B' by bulk copies
 DEVICE = Device(132, lambda entry, threads, smem: 1)
 
 
@@ -400,23 +400,22 @@ def test_a_bulk_copy_producer_is_named_stored_and_sized_as_its_ws_twin():
                  "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_tmaws_km_sm90a"):
         with pytest.raises(nmgen.ConfigError, match="not a wgmma kernel name"):
             WgmmaConfig.from_name(name)
-    # the _ws twin: what runs where the engine cannot address A
-    assert TMA.cp_async_twin() == WARP and WARP.cp_async_twin() is WARP
-    assert CONFIG.cp_async_twin() is CONFIG
-    assert (TMA.threads, TMA.smem_bytes, TMA.barrier_bytes) == (
-        WARP.threads, WARP.smem_bytes, WARP.barrier_bytes)
-    assert TMA.producer_registers == TMA_PRODUCER_REGISTERS < WARP.producer_registers
+    # the _ws twin: what the model estimates it as
+    assert TMA.ws_twin() == WARP and WARP.ws_twin() is WARP and CONFIG.ws_twin() is CONFIG
+    assert (TMA.threads, TMA.smem_bytes, TMA.barrier_bytes, TMA.a_per_thread) == (
+        WARP.threads, WARP.smem_bytes, WARP.barrier_bytes, WARP.a_per_thread)
+    # its producer holds the A chunks' state, not the B' chunks'
+    assert TMA.producer_registers == 48 < WARP.producer_registers == 72
 
 
 def test_a_bulk_copy_producer_gives_the_mma_warpgroups_more_registers():
     one = WgmmaConfig(16, 32, 128, bm=128, bn=128, windows=2, warpgroups=1, stages=4,
                       producer="tma")
     assert min_blocks_per_sm(one) == 2
-    assert one.register_split(2) == (128, TMA_PRODUCER_REGISTERS, 216)
-    assert one.cp_async_twin().register_split(2) == (128, 56, 200)
+    assert one.register_split(2) == (128, 48, 208)
+    assert one.ws_twin().register_split(2) == (128, 56, 200)
     code = nmgen.render(one).code
-    assert f"setmaxnreg_dec<{TMA_PRODUCER_REGISTERS}>();" in code
-    assert "setmaxnreg_inc<216>();" in code
+    assert "setmaxnreg_dec<48>();" in code and "setmaxnreg_inc<208>();" in code
     two = one.replace(warpgroups=2)
     assert min_blocks_per_sm(two) == 1 and "setmaxnreg" not in nmgen.render(two).code
 
@@ -426,7 +425,7 @@ def test_every_bulk_copy_configuration_of_the_space_has_its_ws_twin():
         configs = list(WGMMA.space.enumerate(problem))
         names = {c.name for c in configs}
         bulk = [c for c in configs if c.tma]
-        assert bulk and all(c.cp_async_twin().name in names for c in bulk)
+        assert bulk and all(c.ws_twin().name in names for c in bulk)
         # and every _ws configuration its bulk-copy one
         assert {c.replace(producer="tma").name for c in configs
                 if c.producer is Producer.WARP} == {c.name for c in bulk}
@@ -434,30 +433,39 @@ def test_every_bulk_copy_configuration_of_the_space_has_its_ws_twin():
 
 def test_render_of_a_bulk_copy_producer():
     code = nmgen.render(TMA).code
+    twin = nmgen.render(WARP).code
     assert TMA.name in code and "//   producer   = tma" in code
     body = code.split('extern "C"')[1]
-    # one thread's expect_tx of the whole stage, then the lanes' bulk tensor copies
-    assert "mbarrier.arrive.expect_tx.shared::cta.b64" in code
+    # the A tile as the _ws producer copies it: all 128 threads, 16-byte cp.async, each
+    # arriving on the full barrier as its copies land
+    assert "mbar_init(full + 8 * b, COPY_THREADS);" in body
+    assert "arrive_on_copies(full + 8 * buffer, !a_vec);" in body
+    assert "cp.async.mbarrier.arrive.noinc" in code and "cp_async_wait_all();" in body
+    assert "if (threadIdx.x % 128 >= 32) return;" not in body
+    # but not the B' tile: no B' chunks in its copies
+    assert "p.b_src" not in code and "b_src" not in code.split("load_stage(")[1]
+    assert "p.b_src = values" in twin
+    # B' by the engine: producer thread 0 announces its bytes (no arrival) and issues the
+    # BN / 64 boxes of 64 columns x BK rows, before its own arrival
+    assert "mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" in code
+    assert "mbarrier.arrive.expect_tx" not in code
     assert "cp.async.bulk.tensor.2d.shared::cluster.global.tile" in code
     assert ".mbarrier::complete_tx::bytes" in code
-    assert "if (lane == 0) mbar_expect_tx(bar, STAGE_BYTES);" in body
-    assert "mbar_init(full + 8 * b, 1);" in body and "COPY_THREADS);" not in body
-    assert "if (threadIdx.x % 128 >= 32) return;" in body
-    assert "const __grid_constant__ TmaMap a_map" in code
-    assert "const __grid_constant__ TmaMap b_map" in code
-    assert "tma_stage(smem_sh + buffer * STAGE_BYTES, bar, &a_map, &b_map" in body
-    # no 16-byte copies, no proxy fence: the engine writes through the async proxy
-    assert "cp.async.mbarrier.arrive" not in code and "load_stage(" not in body
-    assert "fence_proxy_async()" not in body and "cp_async_wait" not in body
+    assert "mbar_expect_tx(bar, B_TILE_BYTES);" in code
+    assert "tma_copy_2d(stage_sh + b * ATOM_BYTES, b_map, n0 + 64 * b, s * BK, bar);" in code
+    producer = body.split("if (warpgroup == WARPGROUPS)")[1].split("setmaxnreg_inc")[0]
+    assert producer.index("if (threadIdx.x % 128 == 0)") < producer.index(
+        "tma_b_tile(smem_sh + buffer * STAGE_BYTES, full + 8 * buffer, &b_map, n0, s);") \
+        < producer.index("load_stage(") < producer.index("arrive_on_copies(")
+    # one tensor map (the values'); the MMA side fences the A copies to the async proxy
+    assert "const __grid_constant__ TmaMap b_map" in code and "a_map" not in code
+    assert "fence_proxy_async();" in body
     assert code.count("__syncthreads()") == 1 and "mbar_wait(empty" in body
     assert f"== {TMA.smem_bytes}" in code
-    # B' boxes of 64 columns x BK rows and one-row boxes of A into the swizzled tile
-    assert "tma_copy_2d(stage_sh + lane * ATOM_BYTES, b_map, n0 + 64 * lane, s * BK, bar);" \
-        in code
-    assert "tma_copy_2d(stage_sh + B_TILE_BYTES + atom * ATOM_BYTES + r * ROW_BYTES, a_map," \
-        in code
     with_bias = nmgen.render(TMA.replace(epilogue="bias_relu")).code
     assert "TmaMap b_map, const bias_t* __restrict__ bias" in with_bias
+    # the rest as the _ws twin's: the MMA warpgroups' loop and the epilogue
+    assert code.split("float acc[TILES_M][ACC];")[1] == twin.split("float acc[TILES_M][ACC];")[1]
 
 
 def plan_weight(config: WgmmaConfig):
@@ -467,49 +475,41 @@ def plan_weight(config: WgmmaConfig):
 
 
 @pytest.mark.parametrize("epilogue", [None, "bias_silu"])
-def test_a_bulk_copy_plan_appends_swizzled_maps_of_a_and_the_values(epilogue):
+def test_a_bulk_copy_plan_appends_a_swizzled_map_of_the_values(epilogue):
     config, warp = TMA.replace(epilogue=epilogue), WARP.replace(epilogue=epilogue)
     weight, prepared = plan_weight(config)
     values = prepared.arrays["values"]
-    call = Call(300, 304, True)
-    (launch,) = WGMMA.plan(config, prepared, weight.shape, call, DEVICE).launches
-    (twin,) = WGMMA.plan(warp, prepared, weight.shape, call, DEVICE).launches
-    assert launch.entry == config.name and (launch.grid, launch.threads, launch.smem) == (
-        twin.grid, twin.threads, twin.smem)
-    maps = [a for a in launch.args if isinstance(a, TensorMap2D)]
-    assert maps == [TensorMap2D("a", 300, 300, 304, (64, 1), 2, swizzle_128b=True),
-                    TensorMap2D("values", values.shape[1], values.shape[0], values.shape[1],
-                                (64, config.bk), 2, swizzle_128b=True)]
-    # the _ws twin's arguments, the maps after them (before the bias)
-    head = len(twin.args) - (1 if epilogue else 0)
-    assert launch.args[:head] == twin.args[:head] and launch.args[head:head + 2] == tuple(maps)
-    assert launch.args[head + 2:] == twin.args[head:]
-
-
-@pytest.mark.parametrize("lda, aligned", [(303, True), (300, True), (304, False)])
-def test_a_bulk_copy_plan_runs_its_ws_twin_where_a_is_not_addressable(lda, aligned):
-    weight, prepared = plan_weight(TMA)
-    plan = WGMMA.plan(TMA, prepared, weight.shape, Call(300, lda, aligned), DEVICE)
-    assert plan.launches == () and plan.instead == WARP
-    assert WGMMA.plan(plan.instead, prepared, weight.shape, Call(300, lda, aligned),
-                      DEVICE).launches[0].entry == WARP.name
+    assert values.shape[1] % 64 == 0 and values.shape[0] % config.bk == 0
+    for call in (Call(300, 304, True), Call(300, 303, True), Call(301, 304, False)):
+        plan = WGMMA.plan(config, prepared, weight.shape, call, DEVICE)
+        (launch,) = plan.launches
+        (twin,) = WGMMA.plan(warp, prepared, weight.shape, call, DEVICE).launches
+        assert plan.instead is None and launch.entry == config.name
+        assert (launch.grid, launch.threads, launch.smem) == (
+            twin.grid, twin.threads, twin.smem)
+        maps = [a for a in launch.args if isinstance(a, TensorMap2D)]
+        assert maps == [TensorMap2D("values", values.shape[1], values.shape[0],
+                                    values.shape[1], (64, config.bk), 2, swizzle_128b=True)]
+        # the _ws twin's arguments (a_vec 0 where A is not 16-byte addressable), the map
+        # after them (before the bias)
+        head = len(twin.args) - (1 if epilogue else 0)
+        assert launch.args[:head] == twin.args[:head] and launch.args[head] == maps[0]
+        assert launch.args[head + 1:] == twin.args[head:]
 
 
 def test_a_bulk_copy_producer_reads_row_major_a_through_the_transposed_copy():
-    """Row-major A: the map is of the transpose's K-major workspace (rows padded to 16
-    bytes), whatever A's alignment."""
     config = TMA.replace(a_layout="rm")
     weight, prepared = plan_weight(config)
     for call in (Call(301, 400, True), Call(301, 401, False)):
         plan = WGMMA.plan(config, prepared, weight.shape, call, DEVICE)
-        twin = WGMMA.plan(config.cp_async_twin(), prepared, weight.shape, call, DEVICE)
+        twin = WGMMA.plan(config.ws_twin(), prepared, weight.shape, call, DEVICE)
         assert plan.instead is None and plan.workspaces == twin.workspaces
         copy, main = plan.launches
         assert copy == twin.launches[0].__class__(
             config.name + "_transpose", *[getattr(twin.launches[0], f)
                                           for f in ("grid", "threads", "smem", "args")])
-        a_map = next(a for a in main.args if isinstance(a, TensorMap2D))
-        assert a_map == TensorMap2D("a_copy", 301, 300, 304, (64, 1), 2, swizzle_128b=True)
+        assert main.args[0] == twin.launches[1].args[0]  # the K-major copy
+        assert [a.buffer for a in main.args if isinstance(a, TensorMap2D)] == ["values"]
 
 
 def test_the_model_takes_a_bulk_copy_producer_for_its_ws_twin():
@@ -791,11 +791,12 @@ NVCC_TMA = [name.replace("_ws_", "_tma_") for name in NVCC_WARP]
 
 
 def check_producer_registers(config: WgmmaConfig) -> None:
-    """Where setmaxnreg splits the registers, the producer's share is the constant (and
-    ``check_resources`` found no spill, so its copies fit it)."""
+    """Where setmaxnreg splits the registers, the producer's share is its estimate, at most
+    its _ws twin's (and ``check_resources`` found no spill, so its copies fit it)."""
     split = config.register_split(min_blocks_per_sm(config))
     if split is not None:
-        assert split[1] == TMA_PRODUCER_REGISTERS, f"{config.name}: {split}"
+        assert split[1] == config.producer_registers, f"{config.name}: {split}"
+        assert split[1] <= config.ws_twin().producer_registers, f"{config.name}: {split}"
 
 
 def test_the_bulk_copy_sample_splits_registers_in_some():
@@ -813,11 +814,11 @@ def test_named_bulk_copy_configurations_compile_without_spills(name):
     check_producer_registers(config)
 
 
-# The largest stages of bulk copies a lane (LANE_ROWS rows of A x BM / 64 boxes, BN / 64
-# B' boxes), compiled with the producer's setmaxnreg.dec forced to the constant.
+# The largest A tiles a bulk-copy producer gathers (24, 16, 12 chunks a thread), compiled
+# with its setmaxnreg.dec forced to its estimate (64, 56, 56; one granule fewer spills).
 TMA_FORCED_SPLIT = [
-    "nm_wgmma_bf16_n12m32l64_b256x64x96_g4_s3_tma_km_sm90a",  # 3 rows x 4 boxes a lane
-    "nm_wgmma_bf16_n16m32l64_b128x64x128_g2_s3_tma_km_sm90a",  # 4 rows x 2 boxes
+    "nm_wgmma_bf16_n12m32l64_b256x64x96_g4_s3_tma_km_sm90a",
+    "nm_wgmma_bf16_n16m32l64_b128x64x128_g2_s3_tma_km_sm90a",
     "nm_wgmma_f16_n16m32l256_b128x256x96_g2_s3_tma_km_sm90a_bias_silu",  # 4 B' boxes
 ]
 
@@ -831,14 +832,16 @@ def test_the_bulk_copy_producer_fits_its_registers_in_the_largest_stages(name, m
     config = WgmmaConfig.from_name(name)
     launch = config.launch_registers(min_blocks_per_sm(config))
     assert launch < 255 and config.register_split(min_blocks_per_sm(config)) is None
-    split = (launch, TMA_PRODUCER_REGISTERS, launch)  # the MMA threads keep theirs
+    producer = config.producer_registers
+    assert producer < config.ws_twin().producer_registers
+    split = (launch, producer, launch)  # the MMA threads keep theirs
     arguments = WGMMA.template_arguments
     monkeypatch.setattr(WGMMA, "template_arguments",
                         lambda c: {**arguments(c), "registers": split})
     template = (WGMMA.templates / WGMMA.template).read_text()
-    compiled = compile_with_nvcc(render_text(config, template))
-    main = compiled.resources[config.name]
-    assert f"setmaxnreg_dec<{TMA_PRODUCER_REGISTERS}>" in render_text(config, template).code
+    rendered = render_text(config, template)
+    assert f"setmaxnreg_dec<{producer}>" in rendered.code
+    main = compile_with_nvcc(rendered).resources[config.name]
     assert main.spill_stores == main.spill_loads == main.stack_bytes == 0, f"{name}: {main}"
 
 

@@ -89,14 +89,9 @@ class TensorCoreConfig(ConfigRecord):
 
     @property
     def tma(self) -> bool:
-        """Whether the kernel copies its tiles by the bulk copy engine (it then takes tensor
-        maps of A and of the values, after its other arguments)."""
+        """Whether the kernel copies the values by the bulk copy engine (it then takes
+        their tensor map after its other arguments)."""
         return False
-
-    def cp_async_twin(self) -> Self:
-        """The configuration that runs in place of a ``tma`` one where the engine cannot
-        address A; this one itself here."""
-        return self
 
     @property
     def gathers_windows(self) -> bool:

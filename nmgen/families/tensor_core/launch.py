@@ -1,9 +1,8 @@
 """The tensor-core families' launch plan: one kernel, a grid of row blocks x column blocks.
 A's 16-byte copies need its rows 16-byte aligned (``a_vec``), else the kernel reads A an
 element at a time; C takes pairs of values where N is even and C 16-byte aligned. A
-``tma`` kernel takes tensor maps of K-major A (one-row boxes) and of the values (boxes of
-``bk`` rows), both 128-byte swizzled; where A's rows are not 16-byte addressable its
-``cp_async_twin`` runs instead."""
+``tma`` kernel also takes a tensor map of the values (boxes of 64 columns x ``bk`` rows,
+128-byte swizzled); it reads A as the others do."""
 
 from __future__ import annotations
 
@@ -37,8 +36,6 @@ def plan(config: TensorCoreConfig, weight: PreparedWeight, shape: tuple[int, int
     """The kernel's launch; ``a_buffer``: the buffer it reads A from (the call's, or a
     workspace copy of it)."""
     c = config
-    if c.tma and not a_vectorized(call):
-        return LaunchPlan((), instead=c.cp_async_twin())
     depth, cols = shape
     values, rows = weight.arrays["values"], weight.arrays["rows"]
     stages_total = values.shape[0] // c.bk
@@ -50,19 +47,15 @@ def plan(config: TensorCoreConfig, weight: PreparedWeight, shape: tuple[int, int
     args = (Pointer(a_buffer), Pointer("values"), Pointer("rows"), Pointer(C), i32(call.rows),
             i32(cols), i32(depth), i64(call.lda), i64(values.shape[1]), i64(rows.shape[1]),
             i32(stages_total), i32(a_vectorized(call)), Aligned16(C, cols % 2 == 0),
-            *(tensor_maps(c, values.shape, call, depth, a_buffer) if c.tma else ()),
+            *([values_map(c, values.shape)] if c.tma else []),
             *([Pointer(BIAS)] if c.epilogue else []))
     return LaunchPlan((Launch(c.name, grid, c.threads, c.smem_bytes, args),))
 
 
-def tensor_maps(config: TensorCoreConfig, values: tuple[int, int], call: Call, depth: int,
-                a_buffer: str) -> tuple[TensorMap2D, TensorMap2D]:
-    """The maps of K-major A (``depth`` rows of M = ``call.rows`` elements, ``call.lda``
-    apart; a box one row of 64 elements) and of the values (``values`` = their rows and
-    columns; a box ``bk`` rows of 64 columns)."""
-    a_map = TensorMap2D(a_buffer, call.rows, depth, call.lda, (SWIZZLE_COLS, 1),
-                        ELEMENT_BYTES, swizzle_128b=True)
+def values_map(config: TensorCoreConfig, values: tuple[int, int]) -> TensorMap2D:
+    """The map of the values (``values`` = their rows and columns; a box ``bk`` rows of 64
+    columns). The values' rows are a multiple of 64 elements (``prepare.column_block``):
+    128-byte rows, as the engine needs."""
     rows, cols = values
-    b_map = TensorMap2D("values", cols, rows, cols, (SWIZZLE_COLS, config.bk), ELEMENT_BYTES,
-                        swizzle_128b=True)
-    return a_map, b_map
+    return TensorMap2D("values", cols, rows, cols, (SWIZZLE_COLS, config.bk), ELEMENT_BYTES,
+                       swizzle_128b=True)

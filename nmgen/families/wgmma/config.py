@@ -15,11 +15,9 @@ specialisation, name tag ``_ws``), the stages handed over by two mbarriers each 
 empty); the ``warpgroups`` warpgroups only issue MMAs. Its registers are rebalanced by
 ``setmaxnreg`` where the consumers need more than an even share (``register_split``). It
 reads A as the shared kernel does (row-major A: the transpose kernel's K-major copy).
-``"tma"``: the same producer warpgroup, whose first warp fills a stage by the bulk copy
-engine (name tag ``_tma``): the B' tile as boxes of 64 columns, each gathered row of A as
-one-row boxes straight into the swizzled tile (the 128-byte swizzle follows the shared
-address), the full barrier completed by the copies' bytes. It needs A 16-byte aligned with
-rows a multiple of 16 bytes apart; elsewhere its ``_ws`` twin runs (``cp_async_twin``).
+``"tma"``: the same producer warpgroup gathering A by 16-byte copies, the B' tile copied by
+the bulk copy engine (name tag ``_tma``): one producer thread issues its boxes of 64
+columns (128-byte swizzled) and announces their bytes on the stage's full barrier.
 """
 
 from __future__ import annotations
@@ -69,10 +67,12 @@ MIN_SETMAXNREG, MAX_SETMAXNREG = 24, 256
 CONSUMER_OVERHEAD = 32
 PRODUCER_OVERHEAD = 32
 PRODUCER_B_CHUNK = 4
-# A bulk-copy producer (producer "tma") thread's registers after setmaxnreg.dec: its warp's
-# lanes hold a stage's row indices (at most 4 a lane), the maps' and barriers' addresses and
-# the loop state (tests/test_wgmma.py's nvcc tests compile the split without spills).
-TMA_PRODUCER_REGISTERS = 40
+# Producer "tma": no B' chunks; instead its first thread issues the B' boxes (the map's
+# address, their coordinates, the bytes announced). ptxas (CUDA 13.0) after setmaxnreg.dec,
+# forced on the largest stages: producers of 8, 12, 16 and 24 A chunks compile without
+# spills at 48, 56, 56 and 64 registers (PRODUCER_OVERHEAD + A chunks + this, in
+# granules) and spill one granule below (tests/test_wgmma.py's nvcc tests).
+PRODUCER_TMA_ISSUE = 8
 # ptxas (CUDA 13.0) compiles a wgmma m64nNk16 only where the launch register count (before
 # any setmaxnreg.inc) holds its N/2 accumulators and about this many more: N = 64, 128, 256
 # ask for 58, 90, 154.
@@ -138,12 +138,12 @@ class WgmmaConfig(TensorCoreConfig):
 
     @property
     def tma(self) -> bool:
-        """Whether the producer copies by the bulk copy engine (tensor maps of A and B')."""
+        """Whether the producer copies B' by the bulk copy engine (a tensor map of it)."""
         return self.producer is Producer.TMA
 
-    def cp_async_twin(self) -> WgmmaConfig:
-        """Producer "tma": the same kernel with the 16-byte-copy producer (``_ws``), what
-        runs where the bulk copy engine cannot address A; else this configuration."""
+    def ws_twin(self) -> WgmmaConfig:
+        """Producer "tma": the same kernel copying B' by 16-byte copies too (``_ws``), what
+        the model estimates it as; else this configuration."""
         return self.replace(producer=Producer.WARP) if self.tma else self
 
     @property
@@ -194,10 +194,8 @@ class WgmmaConfig(TensorCoreConfig):
         """Registers a producer thread needs (0 without one)."""
         if not self.specialized:
             return 0
-        if self.tma:
-            return TMA_PRODUCER_REGISTERS
-        return _granules(PRODUCER_OVERHEAD + self.a_per_thread
-                         + PRODUCER_B_CHUNK * self.b_per_thread)
+        b_copies = PRODUCER_TMA_ISSUE if self.tma else PRODUCER_B_CHUNK * self.b_per_thread
+        return _granules(PRODUCER_OVERHEAD + self.a_per_thread + b_copies)
 
     @property
     def block_registers(self) -> int:
@@ -298,12 +296,12 @@ class WgmmaConfig(TensorCoreConfig):
                f"~{self.registers_estimate} a thread) fit {REGISTERS_PER_SM}",
                self.fits_registers(1))
         if self.tma:
-            yield ("its _ws twin is valid (it runs where A is not 16-byte addressable)",
+            yield ("its _ws twin is valid (the model estimates it as that twin)",
                    self._twin_is_valid())
 
     def _twin_is_valid(self) -> bool:
         try:
-            self.cp_async_twin()
+            self.ws_twin()
         except ConfigError:
             return False
         return True

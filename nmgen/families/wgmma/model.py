@@ -102,7 +102,7 @@ def stage_time(config: WgmmaConfig, gpu: GpuSpec) -> WgmmaStage:
 
 def estimate(config: WgmmaConfig, gpu: GpuSpec, rows: int, cols: int, depth: int
              ) -> Estimate:
-    modelled = config.cp_async_twin()  # producer "tma": its _ws twin's numbers
+    modelled = config.ws_twin()  # producer "tma": its _ws twin's numbers
     return tc.estimate(modelled, gpu, stage_time(modelled, gpu), rows, cols, depth)
 
 
