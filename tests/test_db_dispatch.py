@@ -197,3 +197,23 @@ def test_a_faster_family_record_far_from_the_shape_does_not_come_first(tmp_path)
                      TrialStatus.OK, time_ms=time_ms)
     first = Dispatcher([url], device=H100)._ranking(problem, shape)[0]
     assert (first.config.family, first.source) == ("gemv", "exact")
+
+
+@pytest.mark.parametrize("pattern", ["16:32", "8:32", "4:32"])
+def test_shipped_bf16_decode_from_eight_tokens_runs_tensor_cores(pattern):
+    """The shipped database holds `wgmma` records of the Llama pairs at M = 8-64 (bf16, L =
+    128, row-major A), 1.1-2.6x dense where `gemv`'s ran 0.13-1.45x
+    (results/decode_h100/bf16_l128/tensor_core_m8_64/): dispatch takes them at those M
+    and at the M between them; `gemv` keeps M = 1 and 4."""
+    from nmgen.store.database import shipped_db
+
+    h100 = DeviceInfo("NVIDIA H100 80GB HBM3", 132, 9, 0, 13020)  # the records' runtime
+    dispatcher = Dispatcher([f"sqlite:///{shipped_db()}"], device=h100)
+    n, m = map(int, pattern.split(":"))
+    problem = Problem(n, m, 128, ALayout.ROW_MAJOR, dtype="bf16")
+    for cols, depth in ((4096, 4096), (11008, 4096), (4096, 11008)):
+        picks = {rows: dispatcher.decide(problem, (rows, cols, depth))
+                 for rows in (1, 4, 8, 12, 16, 24, 32, 48, 64)}
+        assert {rows: d.config.family for rows, d in picks.items()} == {
+            1: "gemv", 4: "gemv", **{rows: "wgmma" for rows in (8, 12, 16, 24, 32, 48, 64)}}
+        assert all(picks[rows].source == "exact" for rows in (1, 4, 8, 16, 32, 64))
