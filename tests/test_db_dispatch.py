@@ -199,21 +199,30 @@ def test_a_faster_family_record_far_from_the_shape_does_not_come_first(tmp_path)
     assert (first.config.family, first.source) == ("gemv", "exact")
 
 
-@pytest.mark.parametrize("pattern", ["16:32", "8:32", "4:32"])
-def test_shipped_bf16_decode_from_eight_tokens_runs_tensor_cores(pattern):
-    """The shipped database holds `wgmma` records of the Llama pairs at M = 8-64 (bf16, L =
-    128, row-major A), 1.1-2.6x dense where `gemv`'s ran 0.13-1.45x
-    (results/decode_h100/bf16_l128/tensor_core_m8_64/): dispatch takes them at those M
-    and at the M between them; `gemv` keeps M = 1 and 4."""
+@pytest.mark.parametrize("pattern", ["16:32", "8:32", "4:32", "2:4"])
+def test_shipped_bf16_decode_runs_the_faster_family(pattern):
+    """The shipped database holds `wgmma` records of the Llama pairs at M = 1-64 and `gemv`
+    ones at M = 1, 4, 16, 64 (bf16, L = 128, row-major A;
+    results/decode_h100/bf16_l128/tensor_core_m1_64/): where both hold one, dispatch runs
+    the family whose record is faster; from M = 8 on, and at the M between, `wgmma`."""
+    from nmgen.dispatch import problem_key
+    from nmgen.families.registry import get
     from nmgen.store.database import shipped_db
 
     h100 = DeviceInfo("NVIDIA H100 80GB HBM3", 132, 9, 0, 13020)  # the records' runtime
-    dispatcher = Dispatcher([f"sqlite:///{shipped_db()}"], device=h100)
+    url = f"sqlite:///{shipped_db()}"
+    dispatcher, engine = Dispatcher([url], device=h100), connect(url, writable=False)
     n, m = map(int, pattern.split(":"))
     problem = Problem(n, m, 128, ALayout.ROW_MAJOR, dtype="bf16")
-    for cols, depth in ((4096, 4096), (11008, 4096), (4096, 11008)):
-        picks = {rows: dispatcher.decide(problem, (rows, cols, depth))
-                 for rows in (1, 4, 8, 12, 16, 24, 32, 48, 64)}
-        assert {rows: d.config.family for rows, d in picks.items()} == {
-            1: "gemv", 4: "gemv", **{rows: "wgmma" for rows in (8, 12, 16, 24, 32, 48, 64)}}
-        assert all(picks[rows].source == "exact" for rows in (1, 4, 8, 16, 32, 64))
+    for cols, depth in ((4096, 4096), (11008, 4096), (4096, 11008), (2048, 5632)):
+        for rows in (1, 4, 16, 64):
+            shape = (rows, cols, depth)
+            records = {name: best_per_problem(engine, problem_key(
+                get(name), problem, shape, h100)) for name in ("gemv", "wgmma")}
+            times = {name: r[shape].time_ms for name, r in records.items() if shape in r}
+            assert set(times) == {"gemv", "wgmma"}
+            pick = dispatcher.decide(problem, shape)
+            assert (pick.source, pick.config.family) == ("exact", min(times, key=times.get))
+        picks = {rows: dispatcher.decide(problem, (rows, cols, depth)).config.family
+                 for rows in (8, 12, 16, 24, 32, 48, 64)}
+        assert set(picks.values()) == {"wgmma"}
