@@ -5,13 +5,15 @@ over the model's estimate::
 
     log(measured / estimate) = b + s·log(estimate)
                                + Σ_v w_v·[v] + Σ_v u_v·[v]·(log M − c)
+                               + Σ_v l_v·[v]·(log L − d)   (``Family.calibrate_by_vec``)
 
 where ``[v]`` is 1 where the configuration takes value ``v`` of one of its space's
-parameters (the space the family declares: nothing here names a family's parameters) and
-``log M − c`` places the shape's rows in the regime of the records (``c``: their mean).
-The terms correct what the model misjudges about a kind of kernel and how that changes
-with M; the calibrated estimate ranks the candidates of an untuned problem
-(``nmgen.transfer``).
+parameters (the space the family declares: nothing here names a family's parameters),
+``log M − c`` places the shape's rows in the regime of the records (``c``: their mean) and
+``log L − d`` the vector length (``d``: the records' mean), for the families whose tiles
+change with L. The terms correct what the model misjudges about a kind of kernel and how
+that changes with M (and L); the calibrated estimate ranks the candidates of an untuned
+problem (``nmgen.transfer``).
 A family without enough records keeps its model as it is.
 """
 
@@ -58,6 +60,7 @@ class Calibration:
     weights: tuple[float, ...] = ()  # b, s, then w per term, then u per term
     center: float = 0.0  # c: the mean log M of the records
     samples: int = 0
+    vec_center: float = 0.0  # d: the mean log L of the records
 
     @property
     def fitted(self) -> bool:
@@ -69,7 +72,8 @@ class Calibration:
         if not self.fitted:
             return 0.0
         return float(np.dot(self.weights, _features(family, config, shape, estimate_ms,
-                                                    self.terms, self.center)))
+                                                    self.terms, self.center,
+                                                    self.vec_center)))
 
     def estimate_ms(self, family: Family, config: Config, gpu: GpuSpec, shape: Shape) -> float:
         """The model's time of ``config`` on ``shape``, calibrated."""
@@ -82,12 +86,15 @@ def _term_values(family: Family, config: Config) -> set[tuple[str, str]]:
 
 
 def _features(family: Family, config: Config, shape: Shape, estimate_ms: float,
-              terms: Sequence[tuple[str, str]], center: float) -> np.ndarray:
+              terms: Sequence[tuple[str, str]], center: float, vec_center: float
+              ) -> np.ndarray:
     present = _term_values(family, config)
     indicators = np.array([t in present for t in terms], dtype=np.float64)
     regime = math.log(max(shape[0], 1)) - center
+    by_vec = ([indicators * (math.log(config.vec) - vec_center)] if family.calibrate_by_vec
+              else [])
     return np.concatenate(([1.0, math.log(max(estimate_ms, 1e-9))], indicators,
-                           indicators * regime))
+                           indicators * regime, *by_vec))
 
 
 def fit(family: Family, samples: Sequence[Sample], ridge: float = RIDGE) -> Calibration:
@@ -98,13 +105,15 @@ def fit(family: Family, samples: Sequence[Sample], ridge: float = RIDGE) -> Cali
         return Calibration(family.name, samples=len(good))
     terms = tuple(sorted(set().union(*(_term_values(family, s.config) for s in good))))
     center = float(np.mean([math.log(max(s.shape[0], 1)) for s in good]))
-    x = np.array([_features(family, s.config, s.shape, s.estimate_ms, terms, center)
-                  for s in good])
+    vec_center = float(np.mean([math.log(s.config.vec) for s in good]))
+    x = np.array([_features(family, s.config, s.shape, s.estimate_ms, terms, center,
+                            vec_center) for s in good])
     y = np.array([math.log(s.time_ms / s.estimate_ms) for s in good])
     penalty = ridge * np.eye(x.shape[1])
     penalty[0, 0] = 0.0  # the intercept is not shrunk
     weights = np.linalg.solve(x.T @ x + penalty, x.T @ y)
-    return Calibration(family.name, terms, tuple(float(w) for w in weights), center, len(good))
+    return Calibration(family.name, terms, tuple(float(w) for w in weights), center, len(good),
+                       vec_center)
 
 
 def samples_of(engine: Engine, family: Family, key: ProblemKey, gpu: GpuSpec

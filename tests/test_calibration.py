@@ -4,6 +4,7 @@ problems' kernels better than the model alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -14,6 +15,7 @@ import nmgen
 from nmgen.calibration import MIN_SAMPLES, Calibration, Sample, fit, samples_of, shipped_calibration
 from nmgen.families.f32_simt import F32_SIMT
 from nmgen.families.gemv import GEMV
+from nmgen.families.mma import MMA
 from nmgen.gpus import gpu_spec
 from nmgen.problem import Problem
 from nmgen.store.database import connect, shipped_db
@@ -52,6 +54,33 @@ def test_fit_recovers_a_known_correction():
         assert gap == pytest.approx(math.log(2), abs=0.05)
         assert calibration.estimate_ms(F32_SIMT, three, GPU, shape) / est3 == pytest.approx(
             2 * calibration.estimate_ms(F32_SIMT, two, GPU, shape) / est2, rel=0.06)
+
+
+def test_fit_recovers_a_correction_that_changes_with_the_vector_length():
+    """Tensor-core kernels of 3 stages measured 2x the model at L = 32 and as the model
+    at L = 128: the vector-length terms carry the difference. A family whose tiles do not
+    change with L (the FP32 family) fits none."""
+    rng = random.Random(1)
+    samples = []
+    for _ in range(600):
+        vec = rng.choice((32, 128))
+        config = MMA.space.sample(Problem(8, 32, vec, dtype="bf16"), rng)
+        shape = (rng.choice((256, 1024, 4096)), rng.choice((2048, 4096)), 4096)
+        estimate = MMA.estimate_ms(config, GPU, shape)
+        slow = config.stages == 3 and vec == 32
+        samples.append(Sample(config, shape, estimate, estimate * (2 if slow else 1)))
+    calibration = fit(MMA, samples, ridge=0.1)
+    three = {vec: next(s.config for s in samples if s.config.vec == vec and s.config.stages == 3)
+             for vec in (32, 128)}
+    shape = (1024, 4096, 4096)
+    for vec, gap in ((32, math.log(2)), (128, 0.0)):
+        two = dataclasses.replace(three[vec], stages=2)
+        corrections = [calibration.log_correction(MMA, c, shape, MMA.estimate_ms(c, GPU, shape))
+                       for c in (three[vec], two)]
+        assert corrections[0] - corrections[1] == pytest.approx(gap, abs=0.1)
+    assert MMA.calibrate_by_vec and not F32_SIMT.calibrate_by_vec
+    f32 = fit(F32_SIMT, synthetic(400), ridge=0.1)
+    assert len(f32.weights) == 2 + 2 * len(f32.terms)  # b, s, then w and u per term
 
 
 def test_few_records_keep_the_model():

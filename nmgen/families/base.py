@@ -125,6 +125,9 @@ class Family(ABC):
     space: SearchSpace
     # Named subspaces of ``space`` (for comparisons that must enumerate one)
     subspaces: dict[str, SearchSpace] = {}
+    # Whether the calibration's corrections may change with the vector length L
+    # (``nmgen.calibration``): where L changes what a configuration's tile does
+    calibrate_by_vec: ClassVar[bool] = False
 
     # ------------------------------------------------------------ serving
     def serves(self, problem: Problem) -> str | None:

@@ -25,6 +25,9 @@ class TensorCoreFamily(Family):
 
     config_type: ClassVar[type[TensorCoreConfig]]
     template: ClassVar[str]
+    # A tile wider than L spans several index sets, each gathering its own A rows: the
+    # model misjudges such tiles differently at each L (results/untuned_h100/bf16_vec_terms/)
+    calibrate_by_vec = True
 
     @property
     def folder(self) -> Path:
