@@ -2,13 +2,17 @@
 time's change per pattern and layout (geometric mean of before / after, its range) and
 the winners that changed. The after table may hold a part of the problems (one new tune).
 
-    git show 2545baa:results/tuned_db_show.txt > /tmp/before.txt
-    python tools/show_diff.py /tmp/before.txt results/tuned_db_show.txt
+    git show REV:results/tuned_db/show.txt.gz > /tmp/before.txt.gz
+    nmgen show > /tmp/after.txt
+    python tools/show_diff.py /tmp/before.txt.gz /tmp/after.txt
+
+(either table plain or gzip-compressed, as ``results/tuned_db/show.txt.gz`` is kept).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -20,7 +24,8 @@ def read_show(path: Path) -> dict[tuple[str, ...], tuple[float, str]]:
     """(gpu, family, dtype, pattern, L, A, M, N, K) -> (tuned ms, winner) of each measured
     row of an `nmgen show` table (columns found by the header; a table of before the
     family and dtype columns reads as family f32, dtype f32)."""
-    lines = path.read_text().splitlines()
+    raw = path.read_bytes()
+    lines = (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode().splitlines()
     header = lines[0].replace("model ms", "model_ms").split()
     rows = {}
     for line in lines[1:]:
