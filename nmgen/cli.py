@@ -195,7 +195,7 @@ def _refine(args: argparse.Namespace) -> int:
           flush=True)
     if variants and not args.plan:
         if not args.dry_run:  # compile them all at once, not one a problem
-            from .build.pool import precompile
+            from .compiler.pool import precompile
 
             for error in precompile(list(kernels.values()), workers=args.workers):
                 print(f"compile error: {error}", file=sys.stderr, flush=True)

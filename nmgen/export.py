@@ -42,7 +42,7 @@ def export_kernel(config: Config, out_dir: Path, cubin: bool = False) -> list[Pa
     written[0].write_text(provenance(config) + source.code)
     written[1].write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
     if cubin:
-        from .build.nvcc import compile_with_nvcc
+        from .compiler.nvcc import compile_with_nvcc
 
         compiled = compile_with_nvcc(source)
         target = out_dir / f"{config.name}.cubin"

@@ -233,7 +233,7 @@ def nvcc_variants() -> list:
 @pytest.mark.nvcc
 @pytest.mark.parametrize("config", nvcc_variants(), ids=lambda c: c.name)
 def test_epilogue_variants_compile_without_spills(config):
-    from nmgen.build.nvcc import compile_with_nvcc
+    from nmgen.compiler.nvcc import compile_with_nvcc
 
     compiled = compile_with_nvcc(nmgen.render(config))
     assert set(registry.family_of(config).entry_points(config)) <= set(compiled.resources), \

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import nmgen
-from nmgen.build.pool import precompile
+from nmgen.compiler.pool import precompile
 from nmgen.dispatch import Dispatcher
 from nmgen.epilogue import Activation, Epilogue, apply_reference
 from nmgen.families.gemv.config import GemvConfig

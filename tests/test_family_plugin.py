@@ -131,7 +131,7 @@ def test_family_plan_is_plain_data(naive):
 
 @pytest.mark.nvcc
 def test_family_compiles_with_nvcc():
-    from nmgen.build.nvcc import compile_with_nvcc
+    from nmgen.compiler.nvcc import compile_with_nvcc
 
     registry.register(NAIVE)
     try:

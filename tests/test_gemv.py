@@ -229,7 +229,7 @@ def test_plan_is_plain_data_with_the_split_summed_in_one_launch():
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
 @pytest.mark.parametrize("layout", list(ALayout))
 def test_every_dtype_and_layout_compiles_without_spills(dtype, layout):
-    from nmgen.build.nvcc import compile_with_nvcc
+    from nmgen.compiler.nvcc import compile_with_nvcc
 
     rng = random.Random(f"{dtype}-{layout.value}")
     for _ in range(2):
@@ -250,7 +250,7 @@ def test_every_dtype_and_layout_compiles_without_spills(dtype, layout):
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
 @pytest.mark.parametrize("layout", list(ALayout))
 def test_prefetch_compiles_without_spills_for_every_dtype_and_layout(prefetch, dtype, layout):
-    from nmgen.build.nvcc import compile_with_nvcc
+    from nmgen.compiler.nvcc import compile_with_nvcc
 
     config = GemvConfig(8, 32, 128, rows=2, col_threads=64, lanes=2, cols=16 // 4, unroll=4,
                         split_k=4, prefetch=prefetch, a_layout=layout, dtype=dtype)

@@ -13,7 +13,7 @@ import os
 import numpy as np
 import pytest
 
-from nmgen.build.pool import precompile
+from nmgen.compiler.pool import precompile
 from nmgen.families.gemv.config import GemvConfig
 from nmgen.runtime.check import tolerance
 from nmgen.runtime.launch import Kernel

@@ -219,7 +219,7 @@ NVCC_CONFIGS = [
 
 
 def check_resources(config: MmaConfig) -> None:
-    from nmgen.build.nvcc import compile_with_nvcc
+    from nmgen.compiler.nvcc import compile_with_nvcc
 
     compiled = compile_with_nvcc(nmgen.render(config))
     main = compiled.resources[config.name]

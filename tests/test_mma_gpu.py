@@ -17,7 +17,7 @@ import random
 import numpy as np
 import pytest
 
-from nmgen.build.pool import precompile
+from nmgen.compiler.pool import precompile
 from nmgen.dispatch import Dispatcher
 from nmgen.epilogue import apply_reference
 from nmgen.families.mma import MMA

@@ -157,7 +157,7 @@ def _valid(name: str) -> bool:
 def test_register_estimate_tracks_ptxas(seed):
     """ptxas stays within the budget the estimate implies (launch bounds), no spills, and
     the estimate is not wildly above what ptxas needs."""
-    from nmgen.build.nvcc import compile_with_nvcc
+    from nmgen.compiler.nvcc import compile_with_nvcc
 
     rng = random.Random(seed)
     problem = Problem(*rng.choice([(2, 4), (8, 32), (4, 16)]), rng.choice([8, 32]),

@@ -23,7 +23,7 @@ import random
 import numpy as np
 import pytest
 
-from nmgen.build.pool import precompile
+from nmgen.compiler.pool import precompile
 from nmgen.dispatch import Dispatcher
 from nmgen.families.wgmma import WGMMA
 from nmgen.families.wgmma.config import WgmmaConfig

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ..build.nvrtc import cupy
-from ..build.pool import CompilePool
+from ..compiler.nvrtc import cupy
+from ..compiler.pool import CompilePool
 from ..epilogue import Activation, Epilogue, apply_reference
 from ..families.base import Config, Family, epilogue_of
 from ..families.registry import all_families, config_from_name

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..build.nvrtc import cupy
+from ..compiler.nvrtc import cupy
 from ..format import DType, NMMatrix, reference
 from ..problem import ALayout, Problem
 from .device import empty_like_caller, operand

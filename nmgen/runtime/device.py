@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..build.nvrtc import cupy
+from ..compiler.nvrtc import cupy
 from ..format import DType
 from ..gpus import Arch, arch_of_capability
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..build.nvrtc import cupy
+from ..compiler.nvrtc import cupy
 from .launch import wait_kernel
 
 QUEUE_AHEAD_US = 100.0  # longer than a dispatch call's host path (~20-35 us)

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..build.pool import CompilePool
+from ..compiler.pool import CompilePool
 from ..families.registry import config_from_dict
 from ..progress import Progress
 from ..store.database import connect, database_url, shipped_db

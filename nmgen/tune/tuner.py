@@ -486,7 +486,7 @@ class Tuner:
         return surplus
 
     def _pool(self):
-        from ..build.pool import CompilePool
+        from ..compiler.pool import CompilePool
 
         if self._compile_pool is None:
             self._compile_pool = CompilePool(self.workers, self.ahead_workers)
@@ -612,7 +612,7 @@ def compile_report(configs: list[Config]) -> list[dict]:
     """Compile ``configs`` with nvcc for their arch (no GPU needed): registers, spills."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..build.nvcc import compile_with_nvcc
+    from ..compiler.nvcc import compile_with_nvcc
 
     with ThreadPoolExecutor(max_workers=4) as pool:  # nvcc runs as a child process
         compiled = list(pool.map(lambda c: compile_with_nvcc(render(c)), configs))
