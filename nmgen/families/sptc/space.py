@@ -12,7 +12,7 @@ SPACE_PARAMS = (
     Param("bm", BLOCK_MS),  # output columns a block: 64 * tiles_m * warpgroups
     Param("bn", BLOCK_NS),  # rows of A a block
     Param("warpgroups", (1, 2)),
-    Param("stages", (2, 3, 4, 5, 6, 8)),
+    Param("stages", (3, 4, 5, 6, 8)),  # 2 (no stage in flight) only by name
     Param("split_k", (1, 2, 4, 8, 16)),
 )
 
