@@ -1,4 +1,5 @@
-"""The vector-wise N:M sparse format (DESIGN §1): pruning, the compressed form, the reference.
+"""The vector-wise N:M sparse format (docs/design.md §1): pruning, the compressed form, the
+reference.
 
 ``B`` (``K×N``) is split into windows of ``m`` rows and groups of ``L`` columns; every
 (window, group) keeps the same ``n`` rows for all ``L`` columns. The compressed form is

@@ -1,4 +1,4 @@
-"""Timing on the device (DESIGN §4): CUDA events, warm-up, median of repeats, each
+"""Timing on the device (docs/design.md §4): CUDA events, warm-up, median of repeats, each
 timed call queued behind a short wait on the GPU, and several callables timed in turns."""
 
 from __future__ import annotations

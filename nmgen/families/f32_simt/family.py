@@ -1,4 +1,4 @@
-"""The FP32 SIMT family: fp32 values and activations on CUDA cores (DESIGN §2-3)."""
+"""The FP32 SIMT family: fp32 values and activations on CUDA cores (docs/design.md §2-3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The analytic model (DESIGN §3): what a configuration needs and how fast it should run.
+"""The analytic model (docs/design.md §3): what a configuration needs and how fast it should run.
 
 Feasibility per GPU (shared memory, registers, threads), block arithmetic intensity,
 occupancy, wave quantization and a roofline time. The tuner uses it to drop infeasible

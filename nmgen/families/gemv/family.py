@@ -1,5 +1,5 @@
 """The decode family: small M (1-64, token-by-token generation) at the memory bound, in
-FP32, BF16 and FP16 (DESIGN §9)."""
+FP32, BF16 and FP16 (docs/design.md §9)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The tensor-core family: BF16 and FP16 values and activations on ``mma.sync`` m16n8k16,
-FP32 accumulation, output in the input dtype (DESIGN §8)."""
+FP32 accumulation, output in the input dtype (docs/design.md §8)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The Hopper tensor-core family: BF16 and FP16 values and activations on
-``wgmma.mma_async`` (sm_90a), FP32 accumulation, output in the input dtype (DESIGN §8)."""
+``wgmma.mma_async`` (sm_90a), FP32 accumulation, output in the input dtype (docs/design.md §8)."""
 
 from __future__ import annotations
 
