@@ -35,6 +35,9 @@ class LayerChange:
     params_after: int
     bytes_before: int
     bytes_after: int
+    # whether the weight already held the pattern: pruning dropped only zeros (-0.0 among
+    # them), every non-zero value kept exactly (a published 2:4 checkpoint)
+    already_sparse: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,16 @@ class SparsifySummary:
     def bytes_saved(self) -> int:
         return self.bytes_before - self.bytes_after
 
+    @property
+    def already_sparse(self) -> int:
+        """Replaced layers whose weights already held the pattern (kept exactly)."""
+        return sum(c.already_sparse for c in self.replaced)
+
+    @property
+    def pruned(self) -> int:
+        """Replaced layers whose pruning dropped non-zero values."""
+        return len(self.replaced) - self.already_sparse
+
     def __str__(self) -> str:
         total = len(self.replaced) + len(self.skipped)
         lines = [f"sparsify {self.pattern} L={self.vec}: {len(self.replaced)} of {total} "
@@ -102,6 +115,8 @@ class SparsifySummary:
                          f"{_count(self.params_after)} ({share:.1%}); bytes "
                          f"{_size(self.bytes_before)} -> {_size(self.bytes_after)} "
                          f"(saved {_size(self.bytes_saved)})")
+            lines.append(f"  {self.already_sparse} already held {self.pattern} (kept exactly), "
+                         f"{self.pruned} pruned")
         lines += [f"  fused {f.module} ({f.activation}) into {f.layer}'s epilogue"
                   for f in self.fused]
         lines += [f"  skipped {s.name}: {s.reason}" for s in self.skipped]
@@ -265,8 +280,13 @@ def _replace(summary: SparsifySummary, parent: nn.Module, attr: str, name: str,
         name, linear.in_features, linear.out_features, str(linear.weight.dtype)
         .removeprefix("torch."), linear.weight.numel() + bias, layer.values.numel() + bias,
         _bytes(linear.weight) + (_bytes(linear.bias) if linear.bias is not None else 0),
-        layer.state_bytes()))
+        layer.state_bytes(), _non_zeros(linear.weight) == _non_zeros(layer.values)))
     return None
+
+
+def _non_zeros(tensor: torch.Tensor) -> int:
+    """Non-zero elements (-0.0 is zero)."""
+    return int(torch.count_nonzero(tensor.detach()))
 
 
 def _bytes(tensor: torch.Tensor) -> int:
