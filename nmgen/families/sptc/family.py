@@ -1,6 +1,6 @@
 """The sparse-tensor-core family (``sptc``): weights whose kept elements fit the hardware's
 2:4 (element-wise 2:4 checkpoints, 1:4, 1:2, 2:8, ... at any L) on
-``wgmma.mma_async.sp`` (sm_90a), BF16 and FP16, FP32 accumulation (docs/design.md §10)."""
+``wgmma.mma_async.sp`` (sm_90a), BF16 and FP16, FP32 accumulation (docs/design.md §12)."""
 
 from __future__ import annotations
 
