@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -543,8 +543,7 @@ class Tuner:
         records = self._related_records(task, key)
         if not records:
             return []
-        gpu_key = replace(key, gpu=task.gpu.name)
-        calibration = shipped_calibration(task.family, gpu_key, task.gpu)
+        calibration = shipped_calibration(task.family, key, task.gpu)
         found = ranked(task.family, task.problem, task.shape, task.gpu, calibration, records,
                        model_count=0)
         return [c.config for c in found if c.origin != MODEL
@@ -561,12 +560,10 @@ class Tuner:
         found = {(r.n, r.m, r.vec, r.shape): r
                  for r in related_records(self.engine, key, status=status,
                                           other_patterns=True)}
-        other_key = replace(key, gpu=task.gpu.name)
-        cache_key = (other_key.gpu, other_key.arch, other_key.template_hash, other_key.dtype,
-                     other_key.a_layout)
+        cache_key = (key.gpu, key.arch, key.template_hash, key.dtype, key.a_layout)
         if cache_key not in self._related:
             self._related[cache_key] = [r for engine in self.transfer_engines
-                                        for r in related_records(engine, other_key)]
+                                        for r in related_records(engine, key)]
         own = (key.n, key.m, key.vec)
         for record in self._related[cache_key]:
             if (record.n, record.m, record.vec) != own:
