@@ -299,13 +299,14 @@ def test_seed_table_is_kept_on_disk(tmp_path, monkeypatch):
     """The model's table of a space is built once a machine and read back by the next
     process (past the in-process cache here), ranking alike; a broken file is rebuilt."""
     from nmgen.cache import cache_file
-    from nmgen.tune.tuner import _seed_table, _seed_table_of
+    from nmgen.families.base import rank_table
+    from nmgen.tune.tuner import _seed_table
 
     monkeypatch.setenv("NMGEN_CACHE_DIR", str(tmp_path))
     task = task_of("h100", 2, 4, 16, ALayout.ROW_MAJOR, 64, 256, 512)
 
     def build(t):
-        return _seed_table_of.__wrapped__(t.family, t.gpu, t.problem, t.space)
+        return rank_table.__wrapped__(t.family, t.problem, t.gpu, t.space)
 
     fresh = build(task)
     sources = F32_SIMT.source_files()

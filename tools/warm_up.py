@@ -1,7 +1,7 @@
 """Untimed warm-up before a timed tuning comparison: load what every tuning process loads
 (Python packages, CuPy, the CUDA driver, NVRTC) once, and build the search space's
 on-disk enumeration of each pattern and the model's table of it
-(``f32_simt.family.enumeration`` and ``tune.tuner.model_seeds``: seconds, once an nmgen
+(``families.base.enumeration`` and ``tune.tuner.model_seeds``: seconds, once an nmgen
 version),
 so that the first timed run does not pay a fresh machine's cold start and the later runs
 do not get it for free.

@@ -26,10 +26,9 @@ from typing import Any
 import optuna
 from sqlalchemy.engine import Engine
 
-from ..cache import cache_file, load_or_build
 from ..calibration import shipped_calibration
 from ..codegen import render
-from ..families.base import Config, Ranker
+from ..families.base import Config, Ranker, rank_table
 from ..families.registry import config_from_dict
 from ..policy import (
     RelatedRecord,
@@ -88,23 +87,10 @@ def _tell(study: optuna.Study, trial: optuna.Trial, value: float, violation: flo
 
 
 def _seed_table(task: TuneTask) -> Ranker:
-    """Where a study's model seeds come from: the family's seed candidates ranked by its
-    model, built once a problem and space and ranked for each shape (in a few
-    milliseconds; ranking afresh took 0.3-0.4 s a study). Kept on disk too: building it
-    took ~1 s before every worker's first study; in memory once a process (loading it
-    took 0.39 s a study)."""
-    return _seed_table_of(task.family, task.gpu, task.problem, task.space)
-
-
-@functools.lru_cache(maxsize=16)
-def _seed_table_of(family: Any, gpu: Any, problem: Any, space: Any) -> Ranker:
-    def build() -> Ranker:
-        candidates = [c for c in family.seed_candidates(problem, space) if space.contains(c)]
-        return family.ranker(candidates, gpu)
-
-    sources = family.source_files()
-    path = cache_file("rank", (family.name, gpu, problem, space), sources)
-    return load_or_build(path, build, object)
+    """Where a study's model seeds come from: the family's seed candidates in the task's
+    space ranked by its model (``families.base.rank_table``: built once a problem and
+    space, kept on disk, ranked for each shape in a few milliseconds)."""
+    return rank_table(task.family, task.problem, task.gpu, task.space)
 
 
 @functools.lru_cache(maxsize=1024)
