@@ -87,7 +87,7 @@ def _tune(args: argparse.Namespace) -> int:
         tune_here,
         tune_on_devices,
     )
-    from .tune.studies import check_storage, default_storage_url
+    from .tune.storage import check_storage, default_storage_url
 
     if args.trials is None:
         args.trials = default_trials(args.quick)

@@ -62,7 +62,7 @@ from .runtime.device import DeviceInfo, device_info, operand
 from .runtime.launch import Kernel
 from .shapes import shape_distance
 from .store.database import connect, default_url, shipped_db
-from .store.records import ProblemKey, problems_by_generator, record_trial
+from .store.records import DeviceKey, ProblemKey, problems_by_generator, record_trial
 from .store.tables import TrialStatus
 from .transfer import nearest_distance, ranked
 
@@ -489,15 +489,15 @@ def gpu_name() -> str:
     return table_name(device_info().name)
 
 
+def device_key(info: DeviceInfo) -> DeviceKey:
+    """How the store keys the records of device ``info``."""
+    return DeviceKey(table_name(info.name), info.name, info.cuda_version, info.sms)
+
+
 def problem_key(family: Family, problem: Problem, shape: tuple[int, int, int],
                 info: DeviceInfo) -> ProblemKey:
     """The database key of ``family``'s records of a problem on device ``info``."""
-    return ProblemKey(gpu=table_name(info.name), device_name=info.name, arch=info.arch.value,
-                      cuda_version=info.cuda_version, sms=info.sms,
-                      template_hash=family.generator_hash(), n=problem.n, m=problem.m,
-                      vec=problem.vec, dtype=problem.dtype.value,
-                      a_layout=problem.a_layout.value, rows=shape[0], cols=shape[1],
-                      depth=shape[2])
+    return ProblemKey.of(problem, shape, device_key(info), family)
 
 
 def layout_of(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> ALayout:

@@ -11,7 +11,6 @@ from sqlalchemy.engine import Engine
 
 from .families.base import Config
 from .families.registry import by_generator, config_from_dict
-from .problem import Problem
 from .store.records import ProblemKey, all_problems, family_times, shape_times
 from .store.tables import TrialStatus
 
@@ -40,20 +39,12 @@ def pick_winner(times: list[tuple[float, str]], reference: str | None) -> tuple[
     return fastest
 
 
-def problem_of(key: ProblemKey) -> Problem | None:
-    """The key's problem, less its shape (``None`` for an arch or layout unknown here)."""
-    try:
-        return Problem(key.n, key.m, key.vec, key.a_layout, key.arch, key.dtype)
-    except ValueError:
-        return None
-
-
 def reference_name(key: ProblemKey) -> str | None:
     """The name of the reference kernel of the family that tuned ``key``, if any."""
-    family, problem = by_generator(key.template_hash), problem_of(key)
-    if family is None or problem is None:
+    family = by_generator(key.template_hash)
+    if family is None:
         return None
-    config = family.reference_config(problem)
+    config = family.reference_config(key.problem)
     return config.name if config is not None else None
 
 
@@ -95,8 +86,7 @@ def related_records(engine: Engine, key: ProblemKey, top: int = 3,
     out = []
     times = family_times(engine, key, status, any_cuda, other_patterns)
     for (n, m, vec, shape), trials in sorted(times.items()):
-        related = replace(key, n=n, m=m, vec=vec, rows=shape[0], cols=shape[1],
-                          depth=shape[2])
+        related = key.at(replace(key.problem, n=n, m=m, vec=vec), shape)
         times = [(t, name) for t, name, _ in trials]
         time_ms, winner = pick_winner(times, reference_name(related))
         params = {name: p for _, name, p in trials}

@@ -19,7 +19,7 @@ from nmgen.runtime.device import DeviceInfo
 from nmgen.store.database import connect
 from nmgen.store.tables import TrialStatus
 from nmgen.tune.measurers import Measurer
-from nmgen.tune.studies import open_storage
+from nmgen.tune.storage import open_storage
 from nmgen.tune.task import TuneTask
 from nmgen.tune.tuner import Tuner
 

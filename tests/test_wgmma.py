@@ -838,7 +838,7 @@ def test_the_bulk_copy_producer_fits_its_registers_in_the_largest_stages(name, m
     arguments = WGMMA.template_arguments
     monkeypatch.setattr(WGMMA, "template_arguments",
                         lambda c: {**arguments(c), "registers": split})
-    template = (WGMMA.templates / WGMMA.template).read_text()
+    template = (WGMMA.templates / WGMMA.template_name(config)).read_text()
     rendered = render_text(config, template)
     assert f"setmaxnreg_dec<{producer}>" in rendered.code
     main = compile_with_nvcc(rendered).resources[config.name]

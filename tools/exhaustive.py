@@ -130,7 +130,7 @@ def model_check(args: argparse.Namespace) -> None:
     import numpy as np
 
     from nmgen.families.f32_simt.model import estimate, rank
-    from nmgen.tune.tuner import SEEDS_FROM_MODEL, model_seeds
+    from nmgen.tune.seeds import SEEDS_FROM_MODEL, model_seeds
 
     tables = read_tables(sorted(args.out.glob(f"{stem(args)}_slice*.jsonl*")))
     rows = []

@@ -10,13 +10,15 @@ import sys
 import time
 from pathlib import Path
 
+from ..codegen import render
 from ..compiler.pool import CompilePool
+from ..families.base import Config
 from ..families.registry import config_from_dict
 from ..progress import Progress
 from ..store.database import connect, database_url, shipped_db
 from ..store.tables import TrialStatus
-from .studies import open_storage
-from .tuner import Tuner, compile_report, default_ahead_workers
+from .storage import open_storage
+from .tuner import Tuner, default_ahead_workers
 from .workers import run_worker, supervise
 
 TRIALS = 40
@@ -199,3 +201,17 @@ def print_dry_run(tuner, tasks: list, top: int) -> None:
                   f"regs={res['registers']} spills={res['spills']}")
 
 
+def compile_report(configs: list[Config]) -> list[dict]:
+    """Compile ``configs`` with nvcc for their arch (no GPU needed): registers, spills."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..compiler.nvcc import compile_with_nvcc
+
+    with ThreadPoolExecutor(max_workers=4) as pool:  # nvcc runs as a child process
+        compiled = list(pool.map(lambda c: compile_with_nvcc(render(c)), configs))
+    rows = []
+    for config, result in zip(configs, compiled, strict=True):
+        res = result.resources[config.name]
+        rows.append({"config": config.name, "registers": res.registers,
+                     "spills": res.spill_stores + res.spill_loads})
+    return rows

@@ -42,7 +42,12 @@ def _ceil_to(a: int, b: int) -> int:
     return -(-a // b) * b
 
 
-def prepare_layout(b: NMMatrix, config: KernelConfig) -> PreparedWeight:
+def layout_key(config: KernelConfig) -> LayoutKey:
+    """What the layout ``prepare`` makes for ``config`` depends on."""
+    return LayoutKey.of(config)
+
+
+def prepare(b: NMMatrix, config: KernelConfig) -> PreparedWeight:
     """Build the kernel-side layout of ``b`` for ``config`` (checks that they match):
     arrays ``values`` (Wp×Np float32), ``pos`` (NB×T×G×WS int32, or uint16 where the key
     says 2-byte entries) and ``rows`` (NB×T×P int32 with packing, else one unused int)."""

@@ -118,6 +118,11 @@ def _columns(configs: tuple[GemvConfig, ...]) -> dict[str, np.ndarray]:
     return table
 
 
+def rank_table(configs: Sequence[GemvConfig], gpu: GpuSpec) -> RankTable:
+    """The feasible ones of ``configs`` ranked for any shape (ties by name)."""
+    return RankTable(list(configs), gpu)
+
+
 @dataclass
 class RankTable:
     """The feasible ones of ``configs`` ranked for any shape (ties by name)."""
