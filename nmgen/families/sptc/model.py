@@ -116,6 +116,10 @@ def estimate_ms(config: SptcConfig, gpu: GpuSpec, shape: Shape) -> float:
     return estimate(config, gpu, *shape).time_ms
 
 
+def rank_table(configs: Sequence[SptcConfig], gpu: GpuSpec) -> RankTable:
+    return RankTable(configs, gpu)
+
+
 class RankTable:
     """The feasible ones of ``configs`` ranked by the model for any shape (ties by name)."""
 
