@@ -65,6 +65,7 @@ class _Suite:
     compiles: collections.Counter = collections.Counter()
     own_compiles: list[tuple[float, str]] = []  # (CPU-s, test) of the tests' own compiles
     fuzz_spans: list[tuple[float, float]] = []
+    cached_at_start = 0  # kernels in CuPy's cache as the session began (0: a fresh machine)
 
 
 def pytest_configure(config):
@@ -75,12 +76,22 @@ def pytest_configure(config):
             gpu_suite.share_compiles()
         return
     _Suite.start = time.time()
+    _Suite.cached_at_start = _cached_kernels()
     os.environ.setdefault(SHARE_LOCK, str(Path(tempfile.gettempdir())
                                           / f"nmgen-gpu-share-{os.getpid()}.lock"))
     if gpu_available():
         gpu_suite.share_compiles()
         if gpu_selected(config):
             _start_compile_process(config)
+
+
+def _cached_kernels() -> int:
+    """Compiled kernels in CuPy's on-disk cache (none on a fresh machine)."""
+    from nmgen.compiler.nvrtc import kernel_cache_dir
+
+    folder = kernel_cache_dir()
+    return sum(1 for _ in folder.glob("*.cubin")) + sum(
+        1 for _ in folder.glob("nmgen-cubins/*.cubin")) if folder.is_dir() else 0
 
 
 def _start_compile_process(config) -> None:
@@ -207,6 +218,7 @@ def suite_numbers(session) -> dict:
         "compile_cpu_s_in_tests": round(_Suite.compiles.get("cpu_s", 0.0), 1),
         "compile_wait_s_in_tests": round(_Suite.compiles.get("wait_s", 0.0), 1),
         "host_cpus": os.cpu_count(),
+        "kernels_cached_at_start": _Suite.cached_at_start,
     }
 
 

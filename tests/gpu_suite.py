@@ -54,7 +54,7 @@ SEED = run_seed()
 # tests share a family's configurations (pytest-xdist runs them side by side).
 FUZZ_CASES = int(os.environ.get("NMGEN_FUZZ_CASES", "10000"))
 FUZZ_PER_CONFIG = int(os.environ.get("NMGEN_FUZZ_PER_CONFIG", "100"))
-FUZZ_SHARDS = int(os.environ.get("NMGEN_FUZZ_SHARDS", "2"))
+FUZZ_SHARDS = int(os.environ.get("NMGEN_FUZZ_SHARDS", "4"))
 FUZZ_MAX_SIZE = 384
 
 # Tests that compile what no list can know ahead (tuning, benchmarks in processes of their
@@ -520,11 +520,16 @@ def precompile(workers: int, out: Path, log: Callable[[str], None]) -> dict[str,
     futures: dict[str, Any] = {}
     groups: dict[str, int] = {}
 
+    done_at: dict[str, float] = {}  # a group's last compile's end, from the start
+
     def queue(name: str, configs: list) -> None:
         new = [c for c in configs if c.name not in futures]
         groups[name] = len(new)
         for config in new:
-            futures[config.name] = pool.submit(_compile_unless_busy, arch, config.to_json())
+            future = pool.submit(_compile_unless_busy, arch, config.to_json())
+            future.add_done_callback(lambda f, name=name: done_at.__setitem__(
+                name, round(time.perf_counter() - start, 1)))
+            futures[config.name] = future
 
     slow = {name: pool.submit(_list_group, info, name) for name in SLOW_GROUPS}
     for name, listing in kernel_listings(info):
@@ -562,21 +567,79 @@ def precompile(workers: int, out: Path, log: Callable[[str], None]) -> dict[str,
              "errors": errors[:20], "cpu_s": round(cpu, 1),
              "wall_s": round(time.perf_counter() - start, 1), "list_s": round(listed, 1),
              "warm_up_s": round(warmed, 1), "processes": workers,
-             "warm_up_compiles": COUNT.compiled, "groups": groups}
+             "warm_up_compiles": COUNT.compiled, "groups": groups,
+             "groups_done_at_s": done_at}
     out.write_text(json.dumps(stats, indent=1) + "\n")
     log(f"precompile: {stats}")
     return stats
 
 
+def run_suite(workers: int, fresh: bool, limit_s: float, out: Path,
+              pytest_args: list[str]) -> int:
+    """``pytest -m gpu`` under pytest-xdist (where installed) as on a fresh machine
+    (``fresh``: empty kernel caches, CuPy's, nmgen's tables, torch's inductor and Triton);
+    pytest's log, the compile process's log and numbers and the record into ``out``.
+    Interrupted (SIGINT, so that pytest still reports) after ``limit_s``."""
+    import importlib.util
+    import shutil
+    import signal
+    import subprocess
+    import tempfile
+
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, NMGEN_SUITE_DIR=str(out / "gpu_suite"))
+    caches = Path(tempfile.mkdtemp(prefix="nmgen-fresh-")) if fresh else None
+    if caches is not None:
+        env.update(CUPY_CACHE_DIR=str(caches / "cupy"), NMGEN_CACHE_DIR=str(caches / "nmgen"),
+                   TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"),
+                   TRITON_CACHE_DIR=str(caches / "triton"))
+    dist = ["-n", str(workers), "--dist", "loadgroup"]
+    if importlib.util.find_spec("xdist") is None:
+        print("pytest-xdist is not installed: the GPU tests run in one process", flush=True)
+        dist = []
+    command = [sys.executable, "-m", "pytest", "-m", "gpu", *dist, "-q", "-rfE",
+               "--durations=40", *pytest_args]
+    print(f"{' '.join(command)}  ({os.cpu_count()} CPUs; caches "
+          f"{'fresh' if fresh else 'as they are'})", flush=True)
+    start = time.perf_counter()
+    with open(out / "pytest.log", "w") as log:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
+        timer = __import__("threading").Timer(limit_s, process.send_signal, (signal.SIGINT,))
+        timer.start()
+        for line in process.stdout:
+            sys.stdout.write(line)
+            log.write(line)
+        code = process.wait()
+        timer.cancel()
+    print(f"gpu_suite run: pytest exit {code}, {time.perf_counter() - start:.1f} s wall",
+          flush=True)
+    record = ROOT / "tests" / "gpu_attestation.json"
+    if record.exists():
+        shutil.copy(record, out / record.name)
+    if caches is not None:
+        shutil.rmtree(caches, ignore_errors=True)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.gpu_suite")
     sub = parser.add_subparsers(dest="command", required=True)
+    suite = sub.add_parser("run", help="the GPU tests and the fuzz, as on a fresh machine")
+    suite.add_argument("--workers", type=int, default=12, help="pytest-xdist workers")
+    suite.add_argument("--warm", action="store_true", help="keep the kernel caches")
+    suite.add_argument("--limit-s", type=float, default=570.0)
+    suite.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "/tmp"))
+    suite.add_argument("pytest_args", nargs=argparse.REMAINDER)
     run = sub.add_parser("precompile", help="compile the GPU tests' kernels ahead")
     run.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     run.add_argument("--out", type=Path, required=True)
     sub.add_parser("list", help="print the kernels the GPU tests compile ahead")
     args = parser.parse_args(argv)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    if args.command == "run":
+        return run_suite(args.workers, not args.warm, args.limit_s, args.out,
+                         args.pytest_args)
     if args.command == "list":
         from nmgen.runtime.device import device_info
 
