@@ -585,6 +585,7 @@ def run_suite(workers: int, fresh: bool, limit_s: float, out: Path,
     import signal
     import subprocess
     import tempfile
+    import threading
 
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, NMGEN_SUITE_DIR=str(out / "gpu_suite"))
@@ -605,13 +606,19 @@ def run_suite(workers: int, fresh: bool, limit_s: float, out: Path,
     with open(out / "pytest.log", "w") as log:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True)
-        timer = __import__("threading").Timer(limit_s, process.send_signal, (signal.SIGINT,))
-        timer.start()
+        timers = [threading.Timer(limit_s, process.send_signal, (signal.SIGINT,)),
+                  threading.Timer(limit_s + 20, process.kill)]  # if the interrupt hangs
+        for timer in timers:
+            timer.start()
         for line in process.stdout:
             sys.stdout.write(line)
             log.write(line)
         code = process.wait()
-        timer.cancel()
+        for timer in timers:
+            timer.cancel()
+    compile_log = out / "gpu_suite" / "precompile.log"
+    if compile_log.exists():  # what the compile process said (its numbers last)
+        print("compile process:", *compile_log.read_text().splitlines()[-6:], sep="\n  ")
     print(f"gpu_suite run: pytest exit {code}, {time.perf_counter() - start:.1f} s wall",
           flush=True)
     record = ROOT / "tests" / "gpu_attestation.json"
@@ -638,8 +645,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     if args.command == "run":
-        return run_suite(args.workers, not args.warm, args.limit_s, args.out,
-                         args.pytest_args)
+        extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
+        return run_suite(args.workers, not args.warm, args.limit_s, args.out, extra)
     if args.command == "list":
         from nmgen.runtime.device import device_info
 

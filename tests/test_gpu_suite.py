@@ -129,3 +129,34 @@ def test_the_fuzz_draws_from_the_seed_alone_and_its_shards_split_the_cases():
     assert cases == config_cases(first[0], 7, 30, 384) and len(cases) == 30
     assert [c.rows for c in cases[:6]] == [1, 2, 3, 17, 64, 255]  # the M edges first
     assert sum(shard_cases(i) for i in range(gpu_suite.FUZZ_SHARDS)) == gpu_suite.FUZZ_CASES
+
+
+def test_the_compile_process_passes_over_a_kernel_a_test_is_compiling(tmp_path, monkeypatch):
+    """A compile process's job: compiled into the cache (here an sm_90a cubin through a
+    stand-in NVRTC), found there the next time, and passed over ("busy") while a test
+    process holds the kernel's lock."""
+    import sys
+    import types
+
+    import nmgen
+    from nmgen.compiler import nvrtc
+
+    from .test_wgmma import CONFIG, _FakeNvrtc
+
+    fake = _FakeNvrtc()
+    libs = types.ModuleType("libs")
+    libs.nvrtc = fake
+    for name, module in (("cupy_backends", types.ModuleType("cupy_backends")),
+                         ("cupy_backends.cuda", types.ModuleType("cuda")),
+                         ("cupy_backends.cuda.libs", libs),
+                         ("cupy_backends.cuda.libs.nvrtc", fake)):
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(nvrtc, "cupy", lambda: None)
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
+    source = nmgen.render(CONFIG)
+    with gpu_suite.kernel_lock(gpu_suite.lock_name(source.code, source.target)):
+        assert gpu_suite._compile_unless_busy(None, CONFIG.to_json())[0] == "busy"
+    assert fake.compiles == 0
+    assert gpu_suite._compile_unless_busy(None, CONFIG.to_json())[0] in ("compiled", "cached")
+    assert gpu_suite._compile_unless_busy(None, CONFIG.to_json())[0] == "cached"
+    assert fake.compiles == 1 and len(list((tmp_path / "nmgen-cubins").glob("*.cubin"))) == 1
