@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import random
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -452,42 +453,29 @@ def _compile_unless_busy(arch: str | None, config_json: str) -> tuple[str, float
     return ("compiled" if used >= COMPILED_CPU_S else "cached"), used
 
 
-def warm_cupy(log: Callable[[str], None]) -> None:
+def warm_cupy(configs: list, log: Callable[[str], None]) -> None:
     """CuPy's own kernels (fills, casts, norms, products in float64) compile at their first
-    use in every process; run the tests' checking code once here, on small cases of each
-    family, so that the test processes find them in CuPy's cache."""
+    use in every process; run the tests' checking code once here on small cases of
+    ``configs`` (kernels the tests want first, one a family), so that the test processes
+    find them in CuPy's cache."""
     import cupy as cp
     import numpy as np
 
-    from nmgen.bench.selftest import Case, draw_config, run_case
-    from nmgen.families.registry import all_families
+    from nmgen.bench.selftest import Case, run_case
     from nmgen.format import reference
-    from nmgen.gpus import spec_or_h100, table_name
-    from nmgen.runtime.device import device_info
     from nmgen.runtime.launch import Kernel
 
-    info = device_info()
-    gpu = spec_or_h100(table_name(info.name))
-    rng = random.Random(0)
-    for family in all_families():
-        for tries in range(40):
-            try:
-                config = draw_config(family, rng, info.arch, gpu)
-            except Exception:  # a family serving nothing here
-                break
-            if tries < 39 and not config.epilogue:
-                continue  # one with an epilogue: its reference's activation too
+    for config in configs:
+        try:
             kernel = Kernel(config)
             for rows in (1, 37):
-                try:
-                    run_case(kernel, Case(config.name, rows, 70, 90, 3, 1))
-                except Exception as exc:  # only a cold start for the tests
-                    log(f"warm-up {config.name}: {type(exc).__name__}: {exc}")
-            break
-    a = cp.asarray(np.random.default_rng(0).standard_normal((7, 64), dtype=np.float32))
+                run_case(kernel, Case(config.name, rows, 70, 90, 3, 1))
+        except Exception as exc:  # only a cold start for the tests
+            log(f"warm-up {config.name}: {type(exc).__name__}: {exc}")
     try:
         import nmgen
 
+        a = cp.asarray(np.random.default_rng(0).standard_normal((7, 64), dtype=np.float32))
         b = nmgen.prune(np.ones((64, 40), np.float32), "2:4", 8)
         ref = reference(a, b)
         out = cp.full((7, 40), cp.nan, cp.float32)
@@ -500,59 +488,81 @@ def warm_cupy(log: Callable[[str], None]) -> None:
 def precompile(workers: int, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
     """Compile the kernels of ``kernel_groups`` in ``workers`` niced processes (the groups
     that ask dispatch listed there too) while CuPy's kernels warm up here; what happened
-    (written to ``out`` as JSON)."""
+    (written to ``out`` as JSON, also when stopped by SIGTERM: the numbers so far)."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
     from nmgen.compiler.nvrtc import compile_arch, start_compile_process, warm
     from nmgen.compiler.pool import AHEAD_NICE
+    from nmgen.families.base import epilogue_of
     from nmgen.families.registry import config_from_dict
     from nmgen.runtime.device import device_info
 
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(1)
+
+    signal.signal(signal.SIGTERM, stop)  # the session's end, with kernels still queued
     start = time.perf_counter()
+    futures: dict[str, Any] = {}
+    futures_configs: list = []
+    groups: dict[str, int] = {}
+    done_at: dict[str, float] = {}  # a group's last compile's end, from the start
+    phases: dict[str, float] = {}
     pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"),
                                initializer=start_compile_process, initargs=(AHEAD_NICE,))
-    for _ in range(workers):  # processes start (CuPy, NVRTC) while the list is made
-        pool.submit(warm)
-    info = device_info()
-    arch = compile_arch()
-    share_compiles()  # this process's own compiles (the warm-up's) share the lock too
-    futures: dict[str, Any] = {}
-    groups: dict[str, int] = {}
+    try:
+        for _ in range(workers):  # processes start (CuPy, NVRTC) while the list is made
+            pool.submit(warm)
+        info = device_info()
+        arch = compile_arch()
+        share_compiles()  # this process's own compiles (the warm-up's) share the lock too
 
-    done_at: dict[str, float] = {}  # a group's last compile's end, from the start
+        def queue(name: str, configs: list) -> None:
+            new = [c for c in {c.name: c for c in configs}.values() if c.name not in futures]
+            futures_configs.extend(new)
+            groups[name] = len(new)
+            for config in new:
+                future = pool.submit(_compile_unless_busy, arch, config.to_json())
+                future.add_done_callback(lambda f, name=name: done_at.__setitem__(
+                    name, round(time.perf_counter() - start, 1)))
+                futures[config.name] = future
 
-    def queue(name: str, configs: list) -> None:
-        new = [c for c in configs if c.name not in futures]
-        groups[name] = len(new)
-        for config in new:
-            future = pool.submit(_compile_unless_busy, arch, config.to_json())
-            future.add_done_callback(lambda f, name=name: done_at.__setitem__(
-                name, round(time.perf_counter() - start, 1)))
-            futures[config.name] = future
-
-    slow = {name: pool.submit(_list_group, info, name) for name in SLOW_GROUPS}
-    for name, listing in kernel_listings(info):
-        if name not in slow:
+        slow = {name: pool.submit(_list_group, info, name) for name in SLOW_GROUPS}
+        for name, listing in kernel_listings(info):
+            if name not in slow:
+                try:
+                    queue(name, with_twins(listing()))
+                except Exception as exc:  # a list that fails costs time, never a test
+                    log(f"{name}: kernels not listed ({type(exc).__name__}: {exc})")
+        first = {}  # an epilogue variant a family (bias and activation), the tests' first
+        for config in reversed(futures_configs):
+            epilogue = epilogue_of(config)
+            if epilogue.bias and epilogue.activation.value != "none":
+                first[config.family] = config
+        phases["warm_up_from_s"] = round(time.perf_counter() - start, 1)
+        warm_cupy(list(first.values()), log)
+        phases["warm_up_to_s"] = round(time.perf_counter() - start, 1)
+        for name, listed_there in slow.items():
             try:
-                queue(name, with_twins(listing()))
-            except Exception as exc:  # a list that fails costs time, never a test
+                queue(name, [config_from_dict(json.loads(c)) for c in listed_there.result()])
+            except Exception as exc:
                 log(f"{name}: kernels not listed ({type(exc).__name__}: {exc})")
-    warm_start = time.perf_counter()
-    warm_cupy(log)
-    warmed = time.perf_counter() - warm_start
-    for name, listed_there in slow.items():
-        try:
-            queue(name, [config_from_dict(json.loads(c)) for c in listed_there.result()])
-        except Exception as exc:
-            log(f"{name}: kernels not listed ({type(exc).__name__}: {exc})")
-    queue("fuzz", fuzz_order(info))
-    listed = time.perf_counter() - start
-    log(f"precompile: {len(futures)} kernels listed in {listed:.1f} s, {workers} processes: "
-        f"{groups}")
+        queue("fuzz", fuzz_order(info))
+        phases["listed_s"] = round(time.perf_counter() - start, 1)
+        log(f"precompile: {len(futures)} kernels listed at {phases['listed_s']} s, {workers} "
+            f"processes: {groups}")
+        for future in futures.values():
+            with contextlib.suppress(Exception):
+                future.result()
+        stopped = False
+    except SystemExit:
+        stopped = True
     counts: dict[str, int] = {"compiled": 0, "cached": 0, "busy": 0}
-    errors, cpu = [], 0.0
-    for name, future in futures.items():
+    errors, cpu, done = [], 0.0, 0
+    for name, future in list(futures.items()):
+        if not future.done() or future.cancelled():
+            continue
+        done += 1
         try:
             status, used = future.result()
         except Exception as exc:  # a compile process died
@@ -562,15 +572,17 @@ def precompile(workers: int, out: Path, log: Callable[[str], None]) -> dict[str,
             counts[status] += 1
         else:
             errors.append(f"{name}: {status[:300]}")
-    pool.shutdown()
-    stats = {"kernels": len(futures), **counts, "failed": len(errors),
-             "errors": errors[:20], "cpu_s": round(cpu, 1),
-             "wall_s": round(time.perf_counter() - start, 1), "list_s": round(listed, 1),
-             "warm_up_s": round(warmed, 1), "processes": workers,
-             "warm_up_compiles": COUNT.compiled, "groups": groups,
-             "groups_done_at_s": done_at}
+    stats = {"kernels": len(futures), "done": done, **counts, "failed": len(errors),
+             "stopped": stopped, "errors": errors[:20], "cpu_s": round(cpu, 1),
+             "wall_s": round(time.perf_counter() - start, 1), **phases,
+             "processes": workers, "warm_up_compiles": COUNT.compiled, "groups": groups,
+             "groups_done_at_s": dict(done_at)}
     out.write_text(json.dumps(stats, indent=1) + "\n")
     log(f"precompile: {stats}")
+    if not stopped:
+        pool.shutdown()
+    else:
+        pool.shutdown(wait=False, cancel_futures=True)
     return stats
 
 
@@ -582,7 +594,6 @@ def run_suite(workers: int, fresh: bool, limit_s: float, out: Path,
     Interrupted (SIGINT, so that pytest still reports) after ``limit_s``."""
     import importlib.util
     import shutil
-    import signal
     import subprocess
     import tempfile
     import threading
