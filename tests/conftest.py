@@ -3,7 +3,8 @@ through NMGEN_REQUIRE_NVCC=1); ``gpu_alone`` GPU tests time the GPU and run with
 GPU test at once. A GPU run that passes writes tests/gpu_attestation.json, also under
 pytest-xdist (each test's checked cases reach the controller in its report).
 
-The GPU suite (``python -m pytest -m gpu -n 12 --dist loadgroup``; ``tools/gpu_suite.sh``):
+The GPU suite (``python -m tests.gpu_suite run``: ``pytest -m gpu -n 12 --dist loadgroup``
+from empty kernel caches, as on a fresh machine):
 as the session starts, a compile process (``tests/gpu_suite.py``) compiles every kernel
 the GPU tests will compile, in parallel processes, while the workers start and run tests;
 the tests that compile for themselves (tuning, benchmarks) and the fuzz's shards run first,
@@ -71,6 +72,9 @@ class _Suite:
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu_alone: a GPU test that times the GPU; no other "
                             "GPU test runs beside it")
+    config.addinivalue_line("markers", "xdist_group(name): tests pytest-xdist runs in one "
+                            "worker (--dist loadgroup); tests/conftest.py marks those of "
+                            "one module-scoped tune")
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller did this
         if gpu_available():
             gpu_suite.share_compiles()

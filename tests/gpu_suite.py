@@ -599,7 +599,8 @@ def run_suite(workers: int, fresh: bool, limit_s: float, out: Path,
     import threading
 
     out.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, NMGEN_SUITE_DIR=str(out / "gpu_suite"))
+    env = dict(os.environ, NMGEN_SUITE_DIR=str(out / "gpu_suite"), PYTHONUNBUFFERED="1",
+               NMGEN_TEST_SEED=str(SEED))
     caches = Path(tempfile.mkdtemp(prefix="nmgen-fresh-")) if fresh else None
     if caches is not None:
         env.update(CUPY_CACHE_DIR=str(caches / "cupy"), NMGEN_CACHE_DIR=str(caches / "nmgen"),
@@ -612,7 +613,7 @@ def run_suite(workers: int, fresh: bool, limit_s: float, out: Path,
     command = [sys.executable, "-m", "pytest", "-m", "gpu", *dist, "-q", "-rfE",
                "--durations=40", *pytest_args]
     print(f"{' '.join(command)}  ({os.cpu_count()} CPUs; caches "
-          f"{'fresh' if fresh else 'as they are'})", flush=True)
+          f"{'fresh' if fresh else 'as they are'}; NMGEN_TEST_SEED={SEED})", flush=True)
     start = time.perf_counter()
     with open(out / "pytest.log", "w") as log:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
