@@ -9,7 +9,7 @@ as the session starts, a compile process (``tests/gpu_suite.py``) compiles every
 the GPU tests will compile, in parallel processes, while the workers start and run tests;
 the tests that compile for themselves (tuning, benchmarks) and the fuzz's shards run first,
 the ``gpu_alone`` ones last. The record names the GPU, the tests passed, their wall time
-(the session's), the fuzz's cases a family and its wall time, and what was compiled where.
+(the pytest run's), the fuzz's cases a family and its wall time, and what was compiled where.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def gpu_available() -> bool:
 
 
 def gpu_selected(config) -> bool:
-    """Whether this session runs the GPU tests (``-m gpu``), where a compile process pays."""
+    """Whether this pytest run takes the GPU tests (``-m gpu``), where a compile process pays."""
     expression = (config.getoption("markexpr", "") or "").replace(" ", "")
     return os.environ.get("NMGEN_PRECOMPILE", "1") != "0" and (
         "gpu" in expression and "notgpu" not in expression)
@@ -189,7 +189,7 @@ def gpu_cases(request):
 
 
 def add_cases(report) -> None:
-    """Add what a test's teardown report carries to the session's counts: its checked
+    """Add what a test's teardown report carries to the run's counts: its checked
     cases to ``GPU_CASES``, its own compiles, the fuzz's span."""
     for name, value in report.user_properties:
         if name == "gpu_cases":
@@ -213,7 +213,7 @@ def pytest_runtest_logreport(report):
 
 
 def suite_numbers(session) -> dict:
-    """Wall times and compiles of this session (the record's and the summary's)."""
+    """Wall times and compiles of this pytest run (the record's and the summary's)."""
     spans = _Suite.fuzz_spans
     workers = getattr(session.config.option, "numprocesses", None) or 0
     return {

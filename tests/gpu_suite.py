@@ -501,7 +501,7 @@ def precompile(workers: int, out: Path, log: Callable[[str], None]) -> dict[str,
     def stop(signum: int, frame: Any) -> None:
         raise SystemExit(1)
 
-    signal.signal(signal.SIGTERM, stop)  # the session's end, with kernels still queued
+    signal.signal(signal.SIGTERM, stop)  # pytest's end, with kernels still queued
     start = time.perf_counter()
     futures: dict[str, Any] = {}
     futures_configs: list = []
