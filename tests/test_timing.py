@@ -33,6 +33,7 @@ def _host_busy(us: float) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_alone  # times the GPU: no other GPU test beside it
 def test_queue_ahead_keeps_host_time_out():
     import cupy as cp
 
@@ -49,6 +50,7 @@ def test_queue_ahead_keeps_host_time_out():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_alone  # times the GPU: no other GPU test beside it
 def test_queue_ahead_keeps_device_time_in():
     import numpy as np
 
@@ -59,6 +61,7 @@ def test_queue_ahead_keeps_device_time_in():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_alone  # times the GPU: no other GPU test beside it
 def test_budget_bounds_the_repeats_of_a_long_kernel():
     import numpy as np
 
@@ -247,6 +250,7 @@ def test_queued_ahead_but_not_started_compiles_in_the_batch_pool(tmp_path, monke
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_alone  # times the GPU: no other GPU test beside it
 def test_time_in_turns_times_each_alike():
     import numpy as np
 
