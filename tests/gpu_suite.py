@@ -304,6 +304,18 @@ def kernel_listings(info: Any) -> list[tuple[str, Callable[[], list]]]:
                            (2048, 4096, 4096)))
         return out
 
+    def sptc():
+        if not sm90:
+            return []
+        from nmgen.families.sptc.config import SptcConfig
+
+        from . import test_sptc_gpu as t
+
+        out = [SptcConfig.from_name(name) for name in (*t.CONFIGS, t.PREFILL_TILE)]
+        out += [decided(empty, Problem(2, 4, 1, ALayout.ROW_MAJOR, info.arch, "bf16"),
+                        (rows, 3584, 2048)) for rows in t.DISPATCH_ROWS]
+        return out
+
     def mma_random():
         from . import test_mma_gpu as t
 
@@ -381,7 +393,7 @@ def kernel_listings(info: Any) -> list[tuple[str, Callable[[], list]]]:
             (HEAVY_GROUPS[2], wgmma_random), (HEAVY_GROUPS[3], gemv),  # HEAVY's order
             ("test_epilogue_gpu", epilogue), ("test_graph_capture_gpu", graphs),
             ("test_kernels_gpu", kernels), ("test_mma_gpu", mma), ("test_nn_gpu", nn),
-            ("test_wgmma_gpu", wgmma), ("others", others)]
+            ("test_wgmma_gpu", wgmma), ("test_sptc_gpu", sptc), ("others", others)]
 
 
 def kernel_groups(info: Any, log: Callable[[str], None] = print
@@ -407,7 +419,8 @@ def fuzz_order(info: Any) -> list:
 
 # The groups that ask dispatch and the model: on a fresh machine their tables take seconds
 # to build (then kept on disk, for the tests to load); listed in compile processes at once.
-SLOW_GROUPS = ("test_epilogue_gpu", "test_mma_gpu", "test_nn_gpu", "test_wgmma_gpu", "others")
+SLOW_GROUPS = ("test_epilogue_gpu", "test_mma_gpu", "test_nn_gpu", "test_wgmma_gpu",
+               "test_sptc_gpu", "others")
 
 
 def _list_group(info: Any, name: str) -> list[str]:

@@ -13,13 +13,11 @@ product of the rounded inputs; the tolerance is the mma family's.
 
 from __future__ import annotations
 
-import os
 import random
 
 import numpy as np
 import pytest
 
-from nmgen.compiler.pool import precompile
 from nmgen.dispatch import Dispatcher
 from nmgen.families.sptc.config import SptcConfig
 from nmgen.format import DType
@@ -29,11 +27,11 @@ from nmgen.runtime.check import random_weight
 from nmgen.runtime.device import device_info
 from nmgen.runtime.launch import Kernel
 
+from .gpu_suite import SEED, compile_ahead
 from .test_mma_gpu import _float64, make_a, relative_error, tolerance
 
 pytestmark = pytest.mark.gpu
 
-SEED = int.from_bytes(os.urandom(4), "little")  # fresh every run; printed on failure
 
 CONFIGS = [
     "nm_sptc_bf16_n2m4l1_b128x128x128_g2_s4_k1_rm_sm90a",
@@ -72,7 +70,7 @@ def shapes_of(rng: random.Random) -> list[tuple[int, int, int, str]]:
 
 def test_named_configurations_on_odd_shapes_match_float64(gpu_cases):
     configs = [SptcConfig.from_name(name) for name in CONFIGS]
-    assert not precompile(configs, workers=min(16, os.cpu_count() or 1))
+    assert not compile_ahead(configs)
     rng = random.Random(SEED)
     wrong = []
     for config in configs:
@@ -86,15 +84,19 @@ def test_named_configurations_on_odd_shapes_match_float64(gpu_cases):
     assert not wrong, f"seed {SEED}: {len(wrong)} wrong:\n" + "\n".join(wrong[:30])
 
 
+PREFILL_TILE = "nm_sptc_bf16_n2m4l1_b256x128x128_g2_s3_k1_rm_sm90a"
+DISPATCH_ROWS = (1, 16, 2048)
+
+
 def test_a_prefill_tile_at_4096_cubed_matches_float64(gpu_cases):
-    config = SptcConfig.from_name("nm_sptc_bf16_n2m4l1_b256x128x128_g2_s3_k1_rm_sm90a")
+    config = SptcConfig.from_name(PREFILL_TILE)
     err = relative_error(Kernel(config), np.random.default_rng(SEED), 4096, 4096, 4096,
                          "none", device_values=True)
     gpu_cases["kernel_cases"] += 1
     assert err < tolerance(config.dtype, 4096), f"{config.name}: {err:.3g}"
 
 
-@pytest.mark.parametrize("rows", [1, 16, 2048])
+@pytest.mark.parametrize("rows", DISPATCH_ROWS)
 def test_dispatch_without_records_runs_this_family_for_element_wise_2of4(rows, gpu_cases):
     import cupy as cp
 
