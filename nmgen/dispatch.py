@@ -323,15 +323,17 @@ class Dispatcher:
         return None
 
     def _transfer(self, family: Family, problem: Problem, shape: tuple[int, int, int],
-                  key: ProblemKey, gpu: GpuSpec, records: list[RelatedRecord] | None = None
-                  ) -> Decision | None:
-        """The transfer from ``records`` (default: this GPU's tuned problems)."""
+                  key: ProblemKey, gpu: GpuSpec, records: list[RelatedRecord] | None = None,
+                  calibration: Calibration | None = None) -> Decision | None:
+        """The transfer from ``records`` (default: this GPU's tuned problems), ranked by
+        ``calibration`` (default: the model calibrated to this GPU's records)."""
         records = self.related(key) if records is None else records
         distance = nearest_distance(problem, shape, records)
         if not math.isfinite(distance):
             return None
-        candidates = ranked(family, problem, shape, gpu, self.calibration(family, key, gpu),
-                            records)
+        if calibration is None:
+            calibration = self.calibration(family, key, gpu)
+        candidates = ranked(family, problem, shape, gpu, calibration, records)
         if not candidates:
             return None
         best = candidates[0]
@@ -365,12 +367,19 @@ class Dispatcher:
                                   gpu: GpuSpec) -> Decision | None:
         """A transfer from the problems other GPUs tuned (those of this architecture
         first), their kernels rebuilt for this GPU's arch: a decision of other GPUs'
-        records (``other_gpu``), ranked by this GPU's model."""
+        records (``other_gpu``), ranked by the model calibrated to this GPU's records,
+        else (none fitted) to those of a GPU of this architecture it transfers from (the
+        model misjudges a kind of kernel alike on one architecture)."""
         by_gpu = self.related_elsewhere(key)
+        own = self.calibration(family, key, gpu)
         for same_arch in (True, False):
-            gpus = [k for k in by_gpu if (k.problem.arch is problem.arch) == same_arch]
+            gpus = sorted((k for k in by_gpu if (k.problem.arch is problem.arch) == same_arch),
+                          key=lambda k: k.gpu)
             records = retargeted(family, [r for k in gpus for r in by_gpu[k]], problem)
-            decision = self._transfer(family, problem, shape, key, gpu, records)
+            borrowed_fit = (c for k in gpus if same_arch and (
+                c := self.calibration(family, k, figures_of(k))).fitted)
+            calibration = own if own.fitted else next(borrowed_fit, own)
+            decision = self._transfer(family, problem, shape, key, gpu, records, calibration)
             if decision is not None:
                 names = "+".join(sorted({k.gpu for k in gpus}))
                 return dataclasses.replace(decision, source="other_gpu", tier=OTHER_GPUS,
@@ -586,12 +595,14 @@ def much_faster_first(ranked: list[Decision]) -> list[Decision]:
     """``ranked`` with the fastest of the other families' measured kernels first where,
     its time scaled to the shape, it is ``MUCH_FASTER`` than the first one's and its
     record ``MUCH_FASTER_WITHIN`` of the shape: a slow family's exact record does not
-    hide a fast family's record of a neighbouring shape."""
+    hide a fast family's record of a neighbouring shape. A rival is of the first one's
+    tier (another GPU's record does not pass this GPU's)."""
     first = ranked[0]
     if first.at_shape_ms is None:
         return ranked
     rivals = [d for d in ranked[1:] if d.at_shape_ms is not None and d.in_regime
-              and d.distance <= MUCH_FASTER_WITHIN and d.config.family != first.config.family
+              and d.tier == first.tier and d.distance <= MUCH_FASTER_WITHIN
+              and d.config.family != first.config.family
               and d.at_shape_ms * MUCH_FASTER < first.at_shape_ms]
     if not rivals:
         return ranked

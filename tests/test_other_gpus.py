@@ -245,3 +245,19 @@ def device_gpu(device: DeviceInfo) -> str:
 
 def dispatch_tiers() -> tuple[int, int, int]:
     return DISPATCH.OWN, DISPATCH.OTHER_GPUS, DISPATCH.MODEL
+
+
+def test_tune_and_show_stay_exact_per_gpu(h100_only):
+    """Only dispatch reads other GPUs' records: an H200 tune starts from nothing of the
+    H100's, and ``show`` lists the H100's records as the H100's."""
+    from nmgen.policy import summary
+    from nmgen.tune.task import TuneTask
+    from nmgen.tune.tuner import Tuner
+
+    tuner = Tuner(connect(h100_only), storage=None)
+    task = TuneTask(gpu_spec("h200"), F32_SIMT, F32_PROBLEM, *SHAPE)
+    key = task.key(H200_DEVICE.name, 13000)
+    assert tuner.winner_of(key) is None and tuner.winners(key) == {}
+    assert tuner.seeder().neighbours(task, key) == []
+    assert tuner.seeder().transferred(task, key) == []
+    assert {row["gpu"] for row in summary(connect(h100_only))} == {"h100"}
