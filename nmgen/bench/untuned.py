@@ -31,7 +31,7 @@ from ..shapes import Shape
 from .dense import dense_of
 from .report import CSV_DTYPE, geomean, markdown_table
 
-UNTUNED_SOURCES = ("transfer", "model")
+UNTUNED_SOURCES = ("transfer", "other_gpu", "model")  # no record of this GPU's own
 TUNED_SOURCES = ("exact", "exact-other-cuda")
 
 
@@ -60,8 +60,8 @@ class UntunedRow:
     tuned_ms: float
     dense_ms: float
     quick_ms: float | None = None
-    untuned_source: str = ""  # transfer or model
-    untuned_origin: str = ""  # the tuned problem a transfer came from, or "model"
+    untuned_source: str = ""  # transfer, other_gpu or model
+    untuned_origin: str = ""  # the tuned problem (or GPU) it came from, or "model"
     untuned_config: str = ""
     tuned_config: str = ""
     dtype: str = "fp32"  # of A, the weight and the output: fp32, bf16 or fp16

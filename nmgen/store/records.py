@@ -251,6 +251,52 @@ def shape_times(engine: Engine, key: ProblemKey, status: str, any_cuda: bool = F
     return {shape: by_cuda[max(by_cuda)] for shape, by_cuda in runtimes.items()}
 
 
+def other_gpus_times(engine: Engine, key: ProblemKey, status: str
+                     ) -> dict[tuple[DeviceKey, str, Shape], list[tuple[float, str, dict]]]:
+    """For every shape that GPUs other than ``key``'s hold of ``key``'s problem (pattern,
+    vector length, dtype, A layout; any arch) under ``key``'s generator, by (the GPU as a
+    ``DeviceKey``, its arch, the shape): the (time, name, parameters) of each of its
+    trials of ``status``; the newest CUDA runtime's where a GPU holds a shape under
+    several."""
+    stmt = (select(GpuRow.name, GpuRow.device_name, GpuRow.arch, GpuRow.cuda_version,
+                   GpuRow.sms, ProblemRow.rows, ProblemRow.cols, ProblemRow.depth,
+                   TrialRow.time_ms, ConfigRow.name, ConfigRow.params)
+            .join(TrialRow.problem).join(ProblemRow.gpu).join(TrialRow.config_row)
+            .where(GpuRow.name != key.gpu, ProblemRow.template_hash == key.template_hash,
+                   ProblemRow.dtype == key.dtype, ProblemRow.a_layout == key.a_layout,
+                   ProblemRow.n == key.n, ProblemRow.m == key.m, ProblemRow.vec == key.vec,
+                   TrialRow.status == status))
+    runtimes: dict[tuple[str, str, Shape], dict[int, tuple[DeviceKey, list]]] = {}
+    with Session(engine) as session:
+        for (gpu, device_name, arch, cuda, sms, rows, cols, depth, time_ms, name,
+             params) in session.execute(stmt):
+            by_cuda = runtimes.setdefault((gpu, arch, (rows, cols, depth)), {})
+            device = DeviceKey(gpu, device_name, cuda, sms)
+            by_cuda.setdefault(cuda, (device, []))[1].append((time_ms, name, params))
+    out = {}
+    for (_, arch, shape), by_cuda in runtimes.items():
+        device, trials = by_cuda[max(by_cuda)]
+        out[(device, arch, shape)] = trials
+    return out
+
+
+def other_gpus_of(engine: Engine, key: ProblemKey) -> list[tuple[DeviceKey, str]]:
+    """The GPUs other than ``key``'s (with their arch) that hold problems of ``key``'s
+    generator, dtype and A layout, the newest CUDA runtime's row of each."""
+    stmt = (select(GpuRow.name, GpuRow.device_name, GpuRow.arch, GpuRow.cuda_version,
+                   GpuRow.sms).distinct()
+            .join(ProblemRow, ProblemRow.gpu_id == GpuRow.id)
+            .where(GpuRow.name != key.gpu, ProblemRow.template_hash == key.template_hash,
+                   ProblemRow.dtype == key.dtype, ProblemRow.a_layout == key.a_layout))
+    newest: dict[tuple[str, str], DeviceKey] = {}
+    with Session(engine) as session:
+        for name, device_name, arch, cuda, sms in session.execute(stmt):
+            held = newest.get((name, arch))
+            if held is None or cuda > held.cuda_version:
+                newest[(name, arch)] = DeviceKey(name, device_name, cuda, sms)
+    return [(device, arch) for (_, arch), device in sorted(newest.items())]
+
+
 # A stored problem of one family, dtype and A layout: pattern, vector length and shape.
 Related = tuple[int, int, int, tuple[int, int, int]]
 
