@@ -1,6 +1,12 @@
 """Opening the tuned database: SQLite by default (``NMGEN_DB`` or
 ``~/.cache/nmgen/tuned.db``), any SQLAlchemy URL with ``--db``; the database shipped with
-nmgen is read after the user's."""
+nmgen is read after the user's.
+
+The shipped database is package data, often installed where its reader cannot write (a
+system-wide or container install): it is kept in SQLite's rollback-journal mode and read
+read-only and immutable, so that a read needs neither a lock nor a ``-shm`` file beside it.
+A writable open of it (a maintainer merging records into it) keeps that mode, where every
+other SQLite database is switched to write-ahead logging."""
 
 from __future__ import annotations
 
@@ -96,13 +102,33 @@ def _sqlite_engine(url: str, writable: bool) -> Engine:
         if writable and file.exists() and not os.access(file, os.W_OK):
             raise DatabaseError(f"{file}: the database is read-only, and this command "
                                 "writes to it; give a writable --db")
-        if not writable:  # read an existing file as it is, whatever its permissions
-            uri = f"{file.resolve().as_uri()}?mode=ro"
-            return create_engine("sqlite://", creator=lambda: sqlite3.connect(
-                uri, uri=True, timeout=60, check_same_thread=False))
+        if not writable:
+            return _read_only_engine(file)
+        if is_shipped(file):
+            engine = create_engine(url, connect_args={"timeout": 60})
+            event.listen(engine, "connect", _sqlite_rollback)
+            return engine
     engine = create_engine(url, connect_args={"timeout": 60})
     event.listen(engine, "connect", _sqlite_wal)
     return engine
+
+
+def is_shipped(file: Path) -> bool:
+    """Whether ``file`` is the database shipped with nmgen (by its resolved path)."""
+    try:
+        return file.resolve() == SHIPPED_DB.resolve()
+    except OSError:
+        return False
+
+
+def _read_only_engine(file: Path) -> Engine:
+    """An engine reading an existing SQLite file as it is, whatever its permissions. The
+    shipped database is opened immutable too: SQLite then takes no lock and makes no
+    ``-shm`` or ``-journal`` file, which a reader of a read-only install could not."""
+    flags = "mode=ro&immutable=1" if is_shipped(file) else "mode=ro"
+    uri = f"{file.resolve().as_uri()}?{flags}"
+    return create_engine("sqlite://", creator=lambda: sqlite3.connect(
+        uri, uri=True, timeout=60, check_same_thread=False))
 
 
 def _checked(url: str, action: Callable[[], object]) -> None:
@@ -139,4 +165,12 @@ def _sqlite_wal(dbapi_connection, _record) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def _sqlite_rollback(dbapi_connection, _record) -> None:
+    """The shipped database stays in rollback-journal mode (see the module docstring):
+    a merge into it must not switch it to write-ahead logging."""
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=DELETE")
     cursor.close()
