@@ -322,7 +322,8 @@ class FusedSlice(nn.Module):
         if "values" in given and "indices" in given:
             try:
                 NMMatrix.from_compressed(given["values"], given["indices"], self.pattern,
-                                         self.vec, (self.in_features, self.out_features))
+                                         self.vec, (self.in_features, self.out_features),
+                                         layout="kn")
             except (ValueError, TypeError) as exc:
                 error_msgs.append(f"{title}: {exc}")
                 return

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..epilogue import Activation
-from ..format import DType, NMMatrix, Pattern, prune
+from ..format import MAX_INDEX, DType, NMMatrix, Pattern, check_vec, check_width, prune
 from . import ops
 
 TORCH_DTYPES = {DType.F32: torch.float32, DType.BF16: torch.bfloat16, DType.F16: torch.float16}
@@ -26,6 +26,16 @@ def _from_numpy(array: np.ndarray) -> torch.Tensor:
     if DType.of(array) is DType.BF16:
         return torch.from_numpy(np.array(array).view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(np.array(array))
+
+
+def _check_features(in_features: int, out_features: int) -> None:
+    """Both counts integers in ``[1, MAX_INDEX]`` (the kernels index in 32 bits)."""
+    for what, count in (("in_features", in_features), ("out_features", out_features)):
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
+            raise TypeError(f"{what} = {count!r}: expected an integer")
+        if not 1 <= count <= MAX_INDEX:
+            raise ValueError(f"{what} = {count}: must be in [1, {MAX_INDEX}] (the kernels "
+                             "index in 32 bits)")
 
 
 class SparseLinear(nn.Module):
@@ -51,11 +61,10 @@ class SparseLinear(nn.Module):
         it). ``name``: how errors name the layer (``sparsify`` sets its path)."""
         super().__init__()
         pat = Pattern.parse(pattern)
-        if isinstance(vec, bool) or not isinstance(vec, int) or vec < 1:
-            raise ValueError(f"vec {vec!r}: the vector length L must be a positive integer")
-        if in_features < 1 or out_features < 1:
-            raise ValueError(f"in_features = {in_features} and out_features = "
-                             f"{out_features} must be >= 1")
+        vec = check_vec(vec)
+        _check_features(in_features, out_features)
+        in_features, out_features = int(in_features), int(out_features)
+        check_width(vec, out_features)
         dtype = dtype or torch.get_default_dtype()
         if dtype not in TORCH_DTYPES.values():
             raise TypeError(f"dtype {dtype}: nmgen takes torch.float32, torch.bfloat16 and "
@@ -136,7 +145,7 @@ class SparseLinear(nn.Module):
         if self._matrix is None or torch_dtype_of(self._matrix.dtype) != self.values.dtype:
             self._matrix = NMMatrix.from_compressed(
                 self.values, self.indices, self.pattern, self.vec,
-                (self.in_features, self.out_features))
+                (self.in_features, self.out_features), layout="kn")
         return self._matrix
 
     def dense_weight(self) -> torch.Tensor:
@@ -210,7 +219,8 @@ class SparseLinear(nn.Module):
         if values is not None and indices is not None:
             try:
                 matrix = NMMatrix.from_compressed(values, indices, self.pattern, self.vec,
-                                                  (self.in_features, self.out_features))
+                                                  (self.in_features, self.out_features),
+                                                  layout="kn")
             except (ValueError, TypeError) as exc:
                 error_msgs.append(f"{prefix or 'the layer'}: {exc}")
                 return

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..families.registry import serving
-from ..format import DType, Pattern
+from ..format import DType, Pattern, check_vec
 from ..problem import Problem
 from ..shapes import MAX_DIM
 from .fuse import FusedGroup, Groups, SkippedGroup, fuse_siblings, group_label
@@ -180,8 +180,7 @@ def sparsify(model: nn.Module, pattern: str | tuple[int, int] | Pattern, vec: in
     layers become ``FusedSlice`` modules whose outputs are views, and it pays only where
     the model calls them on the same tensor; ``compiled_inputs_unchanged`` as there)."""
     pat = Pattern.parse(pattern)
-    if isinstance(vec, bool) or not isinstance(vec, int) or vec < 1:
-        raise ValueError(f"vec {vec!r}: the vector length L must be a positive integer")
+    vec = check_vec(vec)
     wanted, unwanted = _matcher(include, True), _matcher(exclude, False)
     summary = SparsifySummary(str(pat), vec)
     shared = _shared_weights(model)
