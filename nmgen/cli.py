@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from .families.space import ConfigError
-from .format import DType, Pattern
+from .format import MAX_INDEX, DType, Pattern, check_width
 from .problem import ALayout
 from .shapes import ShapeFileError, read_shapes
 from .version import __version__
@@ -32,13 +32,17 @@ def _tasks(args: argparse.Namespace) -> list:
     """One task a (pattern, shape, family serving it); a problem that no family's space
     can serve is an error, not a tune that stores nothing."""
     from .families.registry import get, serving
-    from .families.space import parallel_enumeration
     from .gpus import gpu_spec
     from .problem import Problem
     from .tune.task import TuneTask
 
     spec = gpu_spec(args.gpu)
     shapes = read_shapes(args.shapes)
+    for shape in shapes:
+        try:
+            check_width(args.vec, shape[1])
+        except ValueError as exc:
+            raise ValueError(f"{args.shapes}: shape {' '.join(map(str, shape))}: {exc}") from None
     tasks = []
     for p in _patterns(args.pattern):
         problem = Problem(p.n, p.m, args.vec, ALayout(args.layout), spec.arch,
@@ -51,14 +55,26 @@ def _tasks(args: argparse.Namespace) -> list:
         for family in dict.fromkeys(f for f, _ in pairs):
             if family.serves(problem) is not None:
                 raise ValueError(f"--family {family.name}: {family.serves(problem)}")
-            # The first call builds the family's enumeration (cached on disk for the workers).
-            with parallel_enumeration(os.cpu_count() or 1):
-                empty = not family.seed_candidates(problem, family.space)
-            if empty:
-                raise ValueError(f"no {family.name} kernel fits {problem}: no configuration "
-                                 f"of its space is valid for L = {args.vec}")
+            _check_space(args, family, problem)
         tasks += [TuneTask(spec, f, problem, *shape) for f, shape in pairs]
     return tasks
+
+
+def _check_space(args: argparse.Namespace, family, problem) -> None:
+    """Refuse a problem no configuration of ``family``'s space fits, and ``--trials``
+    beyond the configurations there are (a study could never have them). The first call
+    builds the family's enumeration (cached on disk for the workers)."""
+    from .families.space import parallel_enumeration
+
+    with parallel_enumeration(os.cpu_count() or 1):
+        size = len(family.seed_candidates(problem, family.space))
+    if not size:
+        raise ValueError(f"no {family.name} kernel fits {problem}: no configuration "
+                         f"of its space is valid for L = {args.vec}")
+    if getattr(args, "trials_given", False) and args.trials > size:
+        raise ValueError(f"--trials {args.trials}: more than the {size} configurations of "
+                         f"the {family.name} family's space for {problem}; give at most "
+                         f"{size}")
 
 
 def _check_tune_arguments(args: argparse.Namespace) -> None:
@@ -70,6 +86,9 @@ def _check_tune_arguments(args: argparse.Namespace) -> None:
                                  ("--compile-top", args.compile_top, 0)):
         if value is not None and value < least:
             raise ValueError(f"{option} must be at least {least}, not {value}")
+    if args.vec > MAX_INDEX:
+        raise ValueError(f"--vec must be at most {MAX_INDEX} (the kernels hold L in a 32-bit "
+                         f"int), not {args.vec}")
     if not args.time_budget > 0:
         raise ValueError(f"--time-budget must be a positive number of seconds, not "
                          f"{args.time_budget}")
@@ -79,8 +98,9 @@ def _check_tune_arguments(args: argparse.Namespace) -> None:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from .store.database import database_url, default_url
+    from .store.database import check_writable, database_url, default_url
     from .tune.command import (
+        check_needs,
         default_trials,
         device_list,
         start_compile_pool,
@@ -89,15 +109,18 @@ def _tune(args: argparse.Namespace) -> int:
     )
     from .tune.studies import check_storage, default_storage_url
 
+    args.trials_given = args.trials is not None
     if args.trials is None:
         args.trials = default_trials(args.quick)
     _check_tune_arguments(args)
+    check_needs(args)  # nvcc, CuPy, the driver: before any work
+    db_url = database_url(args.db) if args.db else default_url()
+    check_writable(db_url, adopt=args.force_db)
     tasks = _tasks(args)  # may fork (the enumeration): before the pool's threads exist
     pool = start_compile_pool(args)  # loading while CUDA starts and the first seeds rank
     try:
         devices = device_list(args.devices)
         workers = max(len(devices), args.worker_count)
-        db_url = database_url(args.db) if args.db else default_url()
         storage_url = args.storage or default_storage_url(db_url)
         check_storage(storage_url, workers)
         if devices:
@@ -353,13 +376,17 @@ def build_parser() -> argparse.ArgumentParser:
                       "model's best three; two finalists timed again, no cross-check")
     tune.add_argument("--time-budget", type=float, default=math.inf, help="seconds in all")
     tune.add_argument("--db", help="SQLAlchemy URL of the tuned database")
+    tune.add_argument("--force-db", action="store_true",
+                      help="write into a --db that holds another program's tables (adding "
+                      "nmgen's to them)")
     tune.add_argument("--storage", help="Optuna storage: an SQLAlchemy URL or journal:PATH "
                       "(default: a journal file beside a SQLite --db, else the --db URL)")
     tune.add_argument("--dry-run", action="store_true",
                       help="search with the model as the measure (recorded as status "
                       "'model') and compile the top configurations; no GPU")
-    tune.add_argument("--compile-top", type=int, default=4,
-                      help="dry run: compile this many best configurations a problem")
+    tune.add_argument("--compile-top", type=int, default=None,
+                      help="dry run: compile this many best configurations a problem with "
+                      "nvcc (default: 4 where nvcc is on PATH, else 0)")
     tune.add_argument("--devices", help="GPUs to tune on, one worker each: 0,1,... or all")
     tune.add_argument("--compile-workers", type=int, default=None, metavar="N",
                       help="compile processes a worker gives the batch it times next "
@@ -513,6 +540,9 @@ def main(argv: list[str] | None = None) -> int:
         where = f" {exc.filename}" if exc.filename else ""
         print(f"nmgen {args.command}: error:{where}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # where the command says nothing more itself
+        print(f"nmgen {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
