@@ -58,11 +58,14 @@ class DType(str, Enum):
         return self.numpy.itemsize
 
     @classmethod
-    def parse(cls, text: str | DType) -> DType:
-        """``"fp32"``, ``"float32"``, ``"f32"``, ``"bf16"``, ... as a ``DType``."""
+    def parse(cls, text: Any) -> DType:
+        """``"fp32"``, ``"float32"``, ``"f32"``, ``"bf16"``, ... as a ``DType``; so are the
+        NumPy, ``ml_dtypes`` and PyTorch dtypes of those names (``np.float16``,
+        ``torch.bfloat16``)."""
         if isinstance(text, DType):
             return text
-        key = str(text).lower().replace("float", "f").replace("fp", "f")
+        name = _dtype_name(text)
+        key = name.lower().replace("float", "f").replace("fp", "f")
         key = {"bf16": "bf16", "bfloat16": "bf16", "bf": "bf16"}.get(key, key)
         try:
             return cls(key)
@@ -78,6 +81,18 @@ class DType(str, Enum):
 
 
 _DTYPE_NAMES = {"float32": DType.F32, "bfloat16": DType.BF16, "float16": DType.F16}
+
+
+def _dtype_name(dtype: Any) -> str:
+    """The name of a dtype given as text, a NumPy dtype or scalar type, or a torch dtype."""
+    if isinstance(dtype, str):
+        return dtype
+    if isinstance(dtype, type) and issubclass(dtype, np.generic):
+        return np.dtype(dtype).name
+    if isinstance(dtype, np.dtype):
+        return dtype.name
+    text = str(dtype)
+    return text.removeprefix("torch.") if text.startswith("torch.") else text
 
 
 @dataclass(frozen=True)
@@ -134,9 +149,17 @@ def _ceil_div(a: int, b: int) -> int:
 def to_numpy(x: Any) -> np.ndarray:
     """A host NumPy view/copy of a NumPy array, CuPy array or PyTorch tensor (a torch
     bfloat16 tensor becomes an ``ml_dtypes.bfloat16`` array of the same bits)."""
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError("a masked array: its masked entries would be read as values; pass "
+                        "x.filled(0) (or the fill you mean)")
     if isinstance(x, np.ndarray):
         return x
+    if x is None:
+        raise TypeError("expected an array (NumPy, CuPy or PyTorch), got None")
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch.Tensor
+        if getattr(x, "is_meta", False):
+            raise ValueError("a tensor on the meta device holds no values: load the weights "
+                             "first")
         host = x.detach().cpu()
         if str(host.dtype) == "torch.bfloat16":
             return host.view(_torch_int16(host)).numpy().view(ml_dtypes.bfloat16)
@@ -309,7 +332,8 @@ class NMMatrix:
         """
         pat = Pattern.parse(pattern)
         layout = _layout(layout, values, indices)
-        if len(shape) != 2 or not all(_is_int(s) for s in shape):
+        if not isinstance(shape, (tuple, list)) or len(shape) != 2 \
+                or not all(_is_int(s) for s in shape):
             raise ValueError(f"shape {shape!r}: expected (K, N), two integers")
         k, n_cols = (int(s) for s in (shape if layout == "kn" else shape[::-1]))
         vec = check_vec(vec)
@@ -537,7 +561,11 @@ def reference(a: Any, b: NMMatrix, bias: Any = None,
     ``a`` is ``M×K`` (NumPy, CuPy or PyTorch). With a CuPy array the product runs on the
     GPU in float64 and a CuPy array comes back; otherwise NumPy.
     """
+    if not isinstance(b, NMMatrix):
+        raise TypeError(f"b must be an nmgen.NMMatrix (see nmgen.prune), got "
+                        f"{type(b).__name__}")
     xp = array_module(a)
+    _check_real(a, "a")
     a64 = _float64(a, xp)
     if a64.ndim != 2 or a64.shape[1] != b.shape[0]:
         raise ValueError(f"a has shape {tuple(a64.shape)}; b is {b.shape[0]}×{b.shape[1]}")
@@ -551,9 +579,19 @@ def reference(a: Any, b: NMMatrix, bias: Any = None,
         cols = slice(q * b.vec, (q + 1) * b.vec)
         out[:, cols] = gathered @ values[xp.asarray(np.nonzero(live)[0]), cols]
     out = out[:, : b.shape[1]]
-    if bias is not None and tuple(bias.shape) != (b.shape[1],):
-        raise ValueError(f"bias has shape {tuple(bias.shape)}; b has {b.shape[1]} columns")
-    return apply_reference(out, None if bias is None else _float64(bias, xp), activation)
+    if bias is not None:
+        _check_real(bias, "bias")
+        bias = _float64(bias, xp)
+        if tuple(bias.shape) != (b.shape[1],):
+            raise ValueError(f"bias has shape {tuple(bias.shape)}; b has {b.shape[1]} columns")
+    return apply_reference(out, bias, activation)
+
+
+def _check_real(x: Any, what: str) -> None:
+    """Refuse a complex operand: float64 would drop its imaginary part."""
+    if (x.is_complex() if is_torch(x) else np.iscomplexobj(x)):
+        raise TypeError(f"{what} is complex: the product is real; pass its .real if the "
+                        "imaginary part is meant to go")
 
 
 def _float64(x: Any, xp: Any) -> Any:

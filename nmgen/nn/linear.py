@@ -38,6 +38,29 @@ def _check_features(in_features: int, out_features: int) -> None:
                              "index in 32 bits)")
 
 
+def _check_finite_bias(bias: torch.Tensor, title: str) -> None:
+    bad = bias.numel() - int(torch.isfinite(bias).sum())
+    if bad:
+        raise ValueError(f"{title}: the bias holds {bad} non-finite values (NaN or inf): "
+                         "every output they touch would be too")
+
+
+def unreadable(values: Any, indices: Any, bias: Any) -> str | None:
+    """Why a layer's state cannot be loaded (even with ``strict=False``, which would keep
+    the layer's own tensor in place of the one missing): values without their indices or
+    the other way round, or a non-finite bias; ``None`` where it can."""
+    if (values is None) != (indices is None):
+        given, lost = ("values", "indices") if indices is None else ("indices", "values")
+        return (f"the state holds {given} without {lost}: neither means anything without "
+                "the other (strict=False would pair it with the layer's own)")
+    if bias is not None and torch.is_tensor(bias):
+        try:
+            _check_finite_bias(bias, "the state")
+        except ValueError as exc:
+            return str(exc)
+    return None
+
+
 class SparseLinear(nn.Module):
     """``y = activation(x @ W.T + bias)`` for ``x`` of shape ``(..., in_features)``, with
     ``W`` (``out_features × in_features``) pruned to vector-wise ``n:m`` with vector length
@@ -91,7 +114,12 @@ class SparseLinear(nn.Module):
         """``linear`` pruned with ``nmgen.prune`` (the largest-L2-norm rows of every
         ``m``-window, the same for ``vec`` consecutive output features), on its device, in
         its dtype (float32, bfloat16 or float16), with its bias; then ``activation``."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"{name or 'from_dense'}: expected an nn.Linear, got "
+                            f"{type(linear).__name__}")
         weight = linear.weight.detach()
+        if linear.bias is not None:
+            _check_finite_bias(linear.bias.detach(), name or "the layer")
         if DType.of(weight) is None:
             raise TypeError(f"{name or 'the layer'}: weight is {weight.dtype}; nmgen takes "
                             "torch.float32, torch.bfloat16 and torch.float16")
@@ -107,6 +135,9 @@ class SparseLinear(nn.Module):
 
     def set_matrix(self, matrix: NMMatrix) -> None:
         """Take ``matrix`` (``in×out``, this layer's pattern, L and dtype) as the weight."""
+        if not isinstance(matrix, NMMatrix):
+            raise TypeError(f"{self._title()}: expected an nmgen.NMMatrix (nmgen.prune(w, ..., "
+                            f"layout='nk') of an [out, in] weight), got {type(matrix).__name__}")
         want = (self.pattern, self.vec, (self.in_features, self.out_features))
         if (matrix.pattern, matrix.vec, matrix.shape) != want:
             raise ValueError(f"{self._title()}: matrix is {matrix.shape} {matrix.pattern} "
@@ -215,6 +246,10 @@ class SparseLinear(nn.Module):
                 "builds layers from the state)")
             return
         values, indices = state_dict.get(prefix + "values"), state_dict.get(prefix + "indices")
+        reason = unreadable(values, indices, state_dict.get(prefix + "bias"))
+        if reason is not None:
+            error_msgs.append(f"{prefix or 'the layer'}: {reason}")
+            return
         matrix = None
         if values is not None and indices is not None:
             try:
