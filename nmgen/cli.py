@@ -18,7 +18,8 @@ from .version import __version__
 
 
 def _patterns(text: str) -> list[Pattern]:
-    patterns = [Pattern.parse(p) for p in text.split(",") if p.strip()]
+    """The patterns of ``--pattern``, each once (a repeat would tune its problems twice)."""
+    patterns = list(dict.fromkeys(Pattern.parse(p) for p in text.split(",") if p.strip()))
     if not patterns:
         raise ValueError(f"--pattern {text!r}: no pattern given (e.g. 8:32 or 2:4,8:32)")
     return patterns
@@ -37,7 +38,7 @@ def _tasks(args: argparse.Namespace) -> list:
     from .tune.task import TuneTask
 
     spec = gpu_spec(args.gpu)
-    shapes = read_shapes(args.shapes)
+    shapes = list(dict.fromkeys(read_shapes(args.shapes)))  # a repeated line tunes once
     for shape in shapes:
         try:
             check_width(args.vec, shape[1])
@@ -77,15 +78,37 @@ def _check_space(args: argparse.Namespace, family, problem) -> None:
                          f"{size}")
 
 
-def _check_tune_arguments(args: argparse.Namespace) -> None:
-    for option, value, least in (("--compile-workers", args.compile_workers, 1),
-                                 ("--ahead-workers", args.ahead_workers, 0),
-                                 ("--in-flight", args.in_flight, 1), ("--trials", args.trials, 1),
-                                 ("--vec", args.vec, 1), ("--worker-count", args.worker_count, 1),
-                                 ("--worker-index", args.worker_index, 0),
-                                 ("--compile-top", args.compile_top, 0)):
+def _at_least(*checks: tuple[str, int | float | None, int]) -> None:
+    """Refuse a count below what it can be: a command given 0 repeats or cases would exit
+    0 having done nothing."""
+    for option, value, least in checks:
         if value is not None and value < least:
             raise ValueError(f"{option} must be at least {least}, not {value}")
+
+
+def _check_storage_url(text: str | None) -> None:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    if text is None:
+        return
+    if text.startswith("journal:"):
+        if not text.removeprefix("journal:"):
+            raise ValueError("--storage journal: names no file (journal:PATH)")
+        return
+    try:
+        make_url(text)
+    except ArgumentError:
+        raise ValueError(f"--storage {text!r}: expected an SQLAlchemy URL "
+                         "(postgresql+psycopg://USER@HOST/DB) or journal:PATH") from None
+
+
+def _check_tune_arguments(args: argparse.Namespace) -> None:
+    _at_least(("--compile-workers", args.compile_workers, 1),
+              ("--ahead-workers", args.ahead_workers, 0), ("--in-flight", args.in_flight, 1),
+              ("--trials", args.trials, 1), ("--vec", args.vec, 1),
+              ("--worker-count", args.worker_count, 1), ("--worker-index", args.worker_index, 0),
+              ("--compile-top", args.compile_top, 0))
     if args.vec > MAX_INDEX:
         raise ValueError(f"--vec must be at most {MAX_INDEX} (the kernels hold L in a 32-bit "
                          f"int), not {args.vec}")
@@ -95,6 +118,7 @@ def _check_tune_arguments(args: argparse.Namespace) -> None:
     if args.worker_index >= args.worker_count:
         raise ValueError(f"--worker-index {args.worker_index} is not below --worker-count "
                          f"{args.worker_count}")
+    _check_storage_url(args.storage)
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -176,6 +200,7 @@ def _carry(args: argparse.Namespace) -> int:
         time_references,
     )
 
+    _at_least(("--remeasure", args.remeasure, 0))
     with tempfile.TemporaryDirectory() as tmp:
         root = args.tree or tree_of_revision(args.repo, args.from_rev, Path(tmp) / "old")
         url = scratch_copy(args.db, Path(tmp)) if args.plan else args.db
@@ -209,6 +234,7 @@ def _refine(args: argparse.Namespace) -> int:
     from .tune.maintain import remeasure
     from .tune.refine import refinement_candidates
 
+    _at_least(("--top", args.top, 1), ("--workers", args.workers, 1))
     engine = connect(args.db)
     variants = refinement_candidates(engine, _pattern_set(args.pattern), top=args.top,
                                      min_gain=args.min_gain, family_name=args.family)
@@ -247,6 +273,8 @@ def _bench(args: argparse.Namespace) -> int:
     from .bench.results import summary_table
     from .bench.run import bench_to_dir
 
+    _at_least(("--repeat", args.repeat, 1), ("--vec", args.vec, 1))
+
     if args.decode or DType.parse(args.dtype) is not DType.F32:  # against PyTorch's GEMM
         from .bench.decode import decode_bench_to_dir
         from .bench.decode import summary_table as decode_table
@@ -279,6 +307,7 @@ def _bench_untuned(args: argparse.Namespace) -> int:
     from .runtime.device import device_info
     from .store.database import database_url, shipped_db
 
+    _at_least(("--repeat", args.repeat, 1))
     dtype = DType.parse(args.dtype)
     device = table_device(args.plan) if args.plan else device_info()
     untuned_urls = [database_url(u) for u in args.untuned_db or [f"sqlite:///{shipped_db()}"]]
@@ -315,8 +344,8 @@ def _selftest(args: argparse.Namespace) -> int:
     from .families.registry import all_families, get
     from .progress import Progress
 
-    if args.cases < 1:
-        raise ValueError(f"--cases must be at least 1, not {args.cases}")
+    _at_least(("--cases", args.cases, 1), ("--per-config", args.per_config, 1),
+              ("--max-size", args.max_size, 1))
     families = [get(args.family)] if args.family else list(all_families())
     with Progress(args.cases * len(families), "cases", args.quiet) as bar:
         outcome = selftest(args.cases, args.seed, per_config=args.per_config,
