@@ -572,6 +572,22 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # where the command says nothing more itself
         print(f"nmgen {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        reason = _database_failure(exc)
+        if reason is None:
+            raise
+        print(f"nmgen {args.command}: error: {reason}", file=sys.stderr)
+        return 2
+
+
+def _database_failure(exc: Exception) -> str | None:
+    """A database's own failure in mid-command (a damaged file, a server gone) in a line;
+    ``None`` for any other exception (a bug: its traceback is wanted)."""
+    orig = getattr(exc, "orig", None)
+    if not type(exc).__module__.startswith("sqlalchemy") or orig is None:
+        return None
+    return (f"the database failed: {type(orig).__name__}: {orig} (a damaged SQLite file "
+            "answers 'PRAGMA integrity_check'; restore it or give another --db)")
 
 
 if __name__ == "__main__":

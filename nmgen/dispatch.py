@@ -60,7 +60,7 @@ from .policy import RelatedRecord, best_per_problem, pick_winner, related_record
 from .problem import ALayout, Problem
 from .runtime.device import DeviceInfo, device_info, operand
 from .runtime.launch import Kernel
-from .shapes import shape_distance
+from .shapes import MAX_DIM, shape_distance
 from .store.database import connect, default_url, shipped_db
 from .store.records import ProblemKey, problems_by_generator, record_trial
 from .store.tables import TrialStatus
@@ -114,6 +114,18 @@ def tune_mode(text: str | None) -> str | None:
     if text.strip().lower() not in TUNE_MODES:
         raise ValueError(f"tune={text!r}: expected one of {', '.join(TUNE_MODES)} or None")
     return text.strip().lower()
+
+
+def check_shape(shape: tuple[int, int, int]) -> None:
+    """Refuse an (M, N, K) no kernel takes: the kernels index in 32 bits, and N and K of 0
+    (or less) leave nothing to multiply (M = 0 is an empty result)."""
+    if len(shape) != 3 or not all(hasattr(d, "__index__") and not isinstance(d, bool)
+                                  for d in shape):
+        raise ValueError(f"shape {shape!r}: expected (M, N, K), three integers")
+    m_rows, cols, depth = shape
+    if m_rows < 0 or cols < 1 or depth < 1 or max(shape) > MAX_DIM:
+        raise ValueError(f"shape (M, N, K) = {shape}: need 0 <= M and 1 <= N, K, each at "
+                         f"most {MAX_DIM} (the kernels index in 32 bits)")
 
 
 class Dispatcher:
@@ -178,6 +190,7 @@ class Dispatcher:
         """The kernel for ``problem`` at ``shape`` (M, N, K), with ``epilogue``."""
         decision = self._decisions.get((problem, shape))
         if decision is None:
+            check_shape(shape)
             with self._lock:
                 decision = self._decisions.get((problem, shape))
                 if decision is None:
