@@ -4,7 +4,6 @@ immutable, never switched to write-ahead logging by a writable open."""
 
 from __future__ import annotations
 
-import os
 import pwd
 import shutil
 import sqlite3
