@@ -412,7 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "(default: a journal file beside a SQLite --db, else the --db URL)")
     tune.add_argument("--dry-run", action="store_true",
                       help="search with the model as the measure (recorded as status "
-                      "'model') and compile the top configurations; no GPU")
+                      "'model') and compile the top configurations with nvcc where it is on "
+                      "PATH; no GPU, no CuPy")
     tune.add_argument("--compile-top", type=int, default=None,
                       help="dry run: compile this many best configurations a problem with "
                       "nvcc (default: 4 where nvcc is on PATH, else 0)")
