@@ -79,7 +79,7 @@ from .policy import (
 from .problem import ALayout, Problem
 from .runtime.device import DeviceInfo, device_info, operand
 from .runtime.launch import Kernel
-from .shapes import shape_distance
+from .shapes import MAX_DIM, shape_distance
 from .store.database import connect, default_url, shipped_db
 from .store.records import (
     DeviceKey,
@@ -152,6 +152,18 @@ def tune_mode(text: str | None) -> str | None:
     return text.strip().lower()
 
 
+def check_shape(shape: tuple[int, int, int]) -> None:
+    """Refuse an (M, N, K) no kernel takes: the kernels index in 32 bits, and N and K of 0
+    (or less) leave nothing to multiply (M = 0 is an empty result)."""
+    if len(shape) != 3 or not all(hasattr(d, "__index__") and not isinstance(d, bool)
+                                  for d in shape):
+        raise ValueError(f"shape {shape!r}: expected (M, N, K), three integers")
+    m_rows, cols, depth = shape
+    if m_rows < 0 or cols < 1 or depth < 1 or max(shape) > MAX_DIM:
+        raise ValueError(f"shape (M, N, K) = {shape}: need 0 <= M and 1 <= N, K, each at "
+                         f"most {MAX_DIM} (the kernels index in 32 bits)")
+
+
 class Dispatcher:
     """Holds the databases, the decision cache, the kernel cache and the counters.
     ``device``: the GPU decisions are made for (default: the current device). ``tune``:
@@ -220,6 +232,7 @@ class Dispatcher:
         """The kernel for ``problem`` at ``shape`` (M, N, K), with ``epilogue``."""
         decision = self._decisions.get((problem, shape))
         if decision is None:
+            check_shape(shape)
             with self._lock:
                 decision = self._decisions.get((problem, shape))
                 if decision is None:

@@ -17,7 +17,11 @@ def load_config(spec: str) -> Config:
     """A configuration from its canonical name or from a JSON file."""
     path = Path(spec)
     if spec.endswith(".json") or path.is_file():
-        return config_from_dict(json.loads(path.read_text()))
+        try:
+            values = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not JSON ({exc})") from None
+        return config_from_dict(values)
     return config_from_name(spec)
 
 

@@ -39,6 +39,22 @@ def device_count() -> int:
         return 0
 
 
+def driver_present() -> bool:
+    """Whether the CUDA driver library loads (without initialising CUDA: safe before a
+    fork). Elsewhere than Linux and Windows, assumed present."""
+    import ctypes
+    import sys
+
+    name = {"linux": "libcuda.so.1", "win32": "nvcuda.dll"}.get(sys.platform)
+    if name is None:
+        return True
+    try:
+        ctypes.CDLL(name)
+    except OSError:
+        return False
+    return True
+
+
 def device_info() -> DeviceInfo:
     """The current device, queried once per device."""
     cp = cupy()

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from ..families.registry import all_families, by_generator, config_from_name
 from ..gpus import check_device, gpu_spec
 from ..progress import Progress
-from ..store.database import default_url
+from ..store.database import database_url, default_url
 from ..store.records import ProblemKey
 from ..store.tables import ConfigRow, ProblemRow, TrialRow
 from .measurers import GpuMeasurer, ModelMeasurer
@@ -71,7 +71,7 @@ def print_plan(report, top: int) -> None:
 
 def scratch_copy(url: str | None, folder: Path) -> str:
     """A copy of the SQLite database at ``url`` in ``folder`` (``carry --plan``)."""
-    url = url or default_url()
+    url = database_url(url) if url else default_url()
     if not url.startswith("sqlite:///"):
         raise ValueError(f"carry --plan works on an SQLite file, not {url}")
     copy = folder / "plan.sqlite"

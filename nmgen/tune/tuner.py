@@ -219,9 +219,10 @@ class Tuner:
         winner = self.winner_of(measurer.key)
         report = TuneReport(task, self._done(study), measured, winner,
                             time.monotonic() - start, statuses, phases)
-        self.log(f"{self.study_name(task)}: {report.trials} trials ({measured} measured "
-                 "here), " + (f"best {winner.time_ms:.4f} ms {winner.config.name}" if winner
-                              else "no correct kernel") + f" [{report.seconds:.2f} s: {phases}]")
+        best = (f"best {winner.time_ms:.4f} ms {winner.config.name}" if winner
+                else "no correct kernel")
+        self.log(f"{self.study_name(task)}: {report.trials} trials ({_here(statuses)}), "
+                 f"{best} [{report.seconds:.2f} s: {phases}]")
         return report
 
     def remeasure(self, task: TuneTask, configs: Sequence[Config],
@@ -497,3 +498,11 @@ class Tuner:
 def _feasible(task: TuneTask, configs: Sequence[Config]) -> list[Config]:
     """Those of ``configs`` that fit ``task``'s GPU (the rest are never compiled)."""
     return [c for c in configs if task.family.feasible(c, task.gpu) is None]
+
+
+def _here(statuses: dict[str, int]) -> str:
+    """What this worker did to a study: trials timed, or a dry run's model estimates."""
+    estimated = statuses.get(TrialStatus.MODEL, 0)
+    if estimated:
+        return f"{estimated} estimated by the model here, none measured"
+    return f"{statuses.get(TrialStatus.OK, 0)} measured here"
