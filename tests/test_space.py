@@ -158,7 +158,8 @@ def test_every_family_declares_its_space_once(family):
     enumerated configuration is reachable from them, and values round-trip."""
     dtype = sorted(family.dtypes, key=lambda d: d.value)[-1]
     problem = next(p for p in (Problem(4, 16, 16, dtype=dtype),  # the first it serves
-                               Problem(4, 16, 64, ALayout.K_MAJOR, dtype=dtype))
+                               Problem(4, 16, 64, ALayout.K_MAJOR, dtype=dtype),
+                               Problem(2, 4, 1, dtype=dtype))
                    if family.serves(p) is None)
     task = TuneTask(gpu_spec("h100"), family, problem, 64, 256, 512)
     choices = task.space.choices(problem)
