@@ -84,6 +84,17 @@ class PreparedWeight:
         return sum(a.nbytes for a in self.arrays.values())
 
 
+def check_weight(b: NMMatrix, config: Config) -> None:
+    """Raise ``ValueError`` where ``b`` is not a weight ``config`` runs: its pattern, ``L``
+    and dtype (a family's ``prepare`` first)."""
+    if (config.n, config.m, config.vec) != (b.n, b.m, b.vec):
+        raise ValueError(f"kernel {config.name} is for {config.n}:{config.m} L={config.vec}; "
+                         f"the weight is {b.pattern} L={b.vec}")
+    if b.dtype is not config.dtype:
+        raise ValueError(f"kernel {config.name} takes {config.dtype.value} values; the weight "
+                         f"holds {b.dtype.value}")
+
+
 class Ranked(Sequence[tuple[float, Any]]):
     """(predicted ms, configuration) pairs in ranked order, each pair built when read: a
     ranking of a whole space (tens of thousands of configurations) is mostly asked for

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...format import NMMatrix
-from ..base import PreparedWeight
+from ..base import PreparedWeight, check_weight
 from .config import BLOCK_MS, MMA_K, STAGE_K, SptcConfig
 
 COLUMN_CHUNK = 2048  # output columns made dense at a time (host memory)
@@ -55,12 +55,7 @@ def padded_sizes(depth: int, cols: int) -> tuple[int, int]:
 
 
 def prepare(b: NMMatrix, config: SptcConfig) -> PreparedWeight:
-    if (config.n, config.m, config.vec) != (b.n, b.m, b.vec):
-        raise ValueError(f"kernel {config.name} is for {config.n}:{config.m} L={config.vec}; "
-                         f"the weight is {b.pattern} L={b.vec}")
-    if b.dtype is not config.dtype:
-        raise ValueError(f"kernel {config.name} takes {config.dtype.value} values; the weight "
-                         f"holds {b.dtype.value}")
+    check_weight(b, config)
     start = time.perf_counter()
     depth, cols = b.shape
     kp, np_ = padded_sizes(depth, cols)
