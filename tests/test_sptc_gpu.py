@@ -85,7 +85,7 @@ def test_named_configurations_on_odd_shapes_match_float64(gpu_cases):
 
 
 PREFILL_TILE = "nm_sptc_bf16_n2m4l1_b256x128x128_g2_s3_k1_rm_sm90a"
-DISPATCH_ROWS = (1, 16, 2048)
+DISPATCH_ROWS = (16, 2048)  # at M = 1 the models put gemv first (docs/engineering-notes.md §19)
 
 
 def test_a_prefill_tile_at_4096_cubed_matches_float64(gpu_cases):
