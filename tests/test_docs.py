@@ -110,10 +110,25 @@ def test_cited_records_exist(doc):
     assert not missing, f"{doc} cites records that do not exist: {missing}"
 
 
-def results_figures() -> tuple[list[str], str]:
-    """The README's results section: its decimal figures, and the text of the records it
-    cites (files, and the files under cited folders)."""
-    body = section(README, "Results (H100)")
+def results_sections() -> list[str]:
+    """The bodies of the README's ``## Results (GPU)...`` sections."""
+    return [m.group(1) for m in re.finditer(r"^## Results \(.*?$(.*?)(?=^## |\Z)", README,
+                                            re.M | re.S)]
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_readme_results_come_from_the_records_it_cites(index):
+    """Every decimal figure of each of the README's results sections appears in a record
+    that the section cites: a figure no record holds is not a result."""
+    figures, records = results_figures(results_sections()[index])
+    assert figures and records
+    missing = sorted({f for f in figures if f not in records}, key=float)
+    assert not missing, f"README results figures found in no cited record: {missing}"
+
+
+def results_figures(body: str) -> tuple[list[str], str]:
+    """A results section's decimal figures, and the text of the records it cites (files,
+    and the files under cited folders)."""
     cited = set(RESULTS_PATH.findall(body))
     text = []
     for path in sorted(cited):
@@ -128,18 +143,11 @@ def results_figures() -> tuple[list[str], str]:
     return figures, "\n".join(text)
 
 
-def test_readme_results_come_from_the_records_it_cites():
-    """Every decimal figure of the README's results section appears in a record that the
-    section cites: a figure no record holds is not a result."""
-    figures, records = results_figures()
-    assert len(figures) > 50 and records
-    missing = sorted({f for f in figures if f not in records}, key=float)
-    assert not missing, f"README results figures found in no cited record: {missing}"
-
-
 def test_readme_says_which_gpu_the_figures_come_from():
-    body = section(README, "Results (H100)")
-    assert "NVIDIA H100 80GB HBM3" in body
+    assert len(results_figures(section(README, "Results (H100)"))[0]) > 50
+    assert "NVIDIA H100 80GB HBM3" in section(README, "Results (H100)")
+    h200 = section(README, "Results (H200): element-wise 2:4 on the sparse tensor cores")
+    assert "NVIDIA H200" in h200
 
 
 def test_readme_links_the_documents():
