@@ -20,11 +20,9 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from ...gpus import Arch, GpuSpec
 from ...shapes import Shape
-from ..base import Ranked
+from ..tensor_core.model import RankTable
 from .config import ELEMENT_BYTES, META_BYTES_PER_ROW, STAGE_K, SptcConfig
 
 DENSE_TENSOR_TFLOPS = {"h100": 950.0, "h200": 950.0}
@@ -117,19 +115,5 @@ def estimate_ms(config: SptcConfig, gpu: GpuSpec, shape: Shape) -> float:
 
 
 def rank_table(configs: Sequence[SptcConfig], gpu: GpuSpec) -> RankTable:
-    return RankTable(configs, gpu)
-
-
-class RankTable:
-    """The feasible ones of ``configs`` ranked by the model for any shape (ties by name)."""
-
-    def __init__(self, configs: Sequence[SptcConfig], gpu: GpuSpec):
-        self.gpu = gpu
-        self.configs = sorted((c for c in configs if feasible(c, gpu) is None),
-                              key=lambda c: c.name)
-
-    def rank(self, rows: int, cols: int, depth: int) -> Ranked:
-        times = np.array([estimate(c, self.gpu, rows, cols, depth).time_ms
-                          for c in self.configs])
-        order = np.lexsort((np.arange(len(times)), times))
-        return Ranked(times, order, self.configs)
+    """The feasible ones of ``configs`` ranked for any shape (ties by name)."""
+    return RankTable(list(configs), gpu, feasible, estimate)
