@@ -36,6 +36,10 @@ from nmgen.attestation import RECORD, source_hash
 from . import gpu_suite
 
 ROOT = Path(__file__).resolve().parent.parent
+# No test reads or writes the user's tuned database (``~/.cache/nmgen/tuned.db``, or an
+# ``NMGEN_DB`` of their own): every test process, and what it starts, gets an empty one of
+# its own, so a record one test stores cannot change what a later test dispatches.
+os.environ["NMGEN_DB"] = str(Path(tempfile.mkdtemp(prefix="nmgen-test-db-")) / "tuned.db")
 SHARE_LOCK = "NMGEN_GPU_SHARE_LOCK"  # the file the gpu_alone tests lock alone
 SUITE_DIR = "NMGEN_SUITE_DIR"  # where the compile process writes its log and numbers
 

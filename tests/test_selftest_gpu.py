@@ -2,7 +2,7 @@
 the minimal failing cases found before (``tests/gpu_regressions.json``) run again.
 
 A family's cases (``NMGEN_FUZZ_CASES``, default 10,000) come ``NMGEN_FUZZ_PER_CONFIG`` a
-compiled configuration (default 100: the shapes and data change, the compile is paid once),
+compiled configuration (default 200: the shapes and data change, the compile is paid once),
 split between ``NMGEN_FUZZ_SHARDS`` tests (default 4) that pytest-xdist runs beside the
 other GPU tests; the suite's compile process compiles their configurations ahead
 (``tests/gpu_suite.py``). The counts go into the GPU record (``fuzz_cases_<family>``,
