@@ -11,14 +11,12 @@ the rounded bias, then the activation in float64 (``nmgen.reference``'s epilogue
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
 
 import numpy as np
 import pytest
 
 import nmgen
-from nmgen.build.pool import precompile
 from nmgen.dispatch import Dispatcher
 from nmgen.epilogue import Activation, Epilogue, apply_reference
 from nmgen.families.gemv.config import GemvConfig
@@ -29,11 +27,12 @@ from nmgen.problem import ALayout, Problem
 from nmgen.runtime.check import device_array, random_weight, tolerance
 from nmgen.runtime.launch import Kernel
 
+from .gpu_suite import SEED, compile_ahead
+
 pytestmark = pytest.mark.gpu
 
 EPILOGUES = [Epilogue(bias, act) for bias in (False, True) for act in Activation
              if bias or act is not Activation.NONE]
-SEED = int.from_bytes(os.urandom(4), "little")  # fresh every run; printed on failure
 
 F32 = [nmgen.KernelConfig(8, 32, 32, 64, 128, 64, 8, 8, a_layout="km"),
        nmgen.KernelConfig(8, 32, 32, 64, 128, 32, 8, 8, a_tile="tm"),
@@ -113,7 +112,7 @@ def runnable(configs: list) -> list:
 def test_every_epilogue_of_every_family_matches_float64(family, configs, gpu_cases):
     variants = [dataclasses.replace(c, epilogue=e) for c in runnable(configs)
                 for e in EPILOGUES]
-    assert not precompile(variants, workers=min(16, os.cpu_count() or 1))
+    assert not compile_ahead(variants)
     rng = random.Random(SEED)
     wrong = []
     for config in variants:
@@ -147,8 +146,10 @@ def test_pipelined_copy_applies_the_epilogue_in_every_chunk(gpu_cases):
     gpu_cases["kernel_cases"] += 2
 
 
-@pytest.mark.parametrize("rows, dtype", [(1, "bf16"), (7, "f16"), (600, "bf16"), (3, "f32"),
-                                         (500, "f32")])
+DISPATCHED = [(1, "bf16"), (7, "f16"), (600, "bf16"), (3, "f32"), (500, "f32")]  # (M, dtype)
+
+
+@pytest.mark.parametrize("rows, dtype", DISPATCHED)
 def test_dispatch_runs_the_epilogue_variant(rows, dtype, gpu_cases):
     """With no records: decode M on gemv, prefill M on the tensor cores or the FP32
     family, each with the bias and the activation asked for."""
