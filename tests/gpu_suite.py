@@ -331,10 +331,9 @@ def kernel_listings(info: Any) -> list[tuple[str, Callable[[], list]]]:
     def epilogue_variants():
         from . import test_epilogue_gpu as t
 
-        return [dataclasses.replace(c, epilogue=e)
-                for configs in (t.F32, t.GEMV, t.MMA, t.WGMMA) for c in configs
-                if sm90 or not (getattr(c, "tma", False) or c.family == "wgmma")
-                for e in t.EPILOGUES]
+        return [v for configs in (t.F32, t.GEMV, t.MMA, t.WGMMA)
+                for v in t.variants([c for c in configs if sm90 or not (
+                    getattr(c, "tma", False) or c.family == "wgmma")])]
 
     def epilogue():
         from nmgen import KernelConfig

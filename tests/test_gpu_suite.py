@@ -103,7 +103,7 @@ def test_the_listing_names_the_tests_kernels_once_with_their_twins(on_an_h200):
     assert len(listings["epilogue variants"]()) == sum(
         len(configs) for configs in (test_epilogue_gpu.F32, test_epilogue_gpu.GEMV,
                                      test_epilogue_gpu.MMA, test_epilogue_gpu.WGMMA)
-    ) * len(test_epilogue_gpu.EPILOGUES)
+    ) * test_epilogue_gpu.EPILOGUES_A_CONFIG
     assert {test_kernels_gpu.random_config(i)[0].name for i in range(3)} <= set(names)
     assert len(groups["wgmma random"]) == test_wgmma_gpu.CONFIGS
     tma = [c for c in groups["test_kernels_gpu"] if c.tma and not c.a_copied]
@@ -160,3 +160,19 @@ def test_the_compile_process_passes_over_a_kernel_a_test_is_compiling(tmp_path, 
     assert gpu_suite._compile_unless_busy(None, CONFIG.to_json())[0] in ("compiled", "cached")
     assert gpu_suite._compile_unless_busy(None, CONFIG.to_json())[0] == "cached"
     assert fake.compiles == 1 and len(list((tmp_path / "nmgen-cubins").glob("*.cubin"))) == 1
+
+
+def test_the_epilogue_rotation_gives_every_family_every_epilogue_and_every_config_a_bias():
+    from . import test_epilogue_gpu as t
+
+    assert len(t.EPILOGUES) == len(set(t.EPILOGUES)) == 9
+    for seed in range(len(t.EPILOGUES)):
+        for configs in (t.F32, t.GEMV, t.MMA, t.WGMMA):
+            chosen = t.variants(configs, seed)
+            assert {c.epilogue for c in chosen} == set(t.EPILOGUES)
+            for i in range(len(configs)):
+                mine = chosen[i * t.EPILOGUES_A_CONFIG:(i + 1) * t.EPILOGUES_A_CONFIG]
+                assert any(c.epilogue.bias for c in mine), (seed, configs[i].name)
+                assert len({c.epilogue for c in mine}) == t.EPILOGUES_A_CONFIG
+    pairs = {(c.name, c.epilogue) for seed in range(9) for c in t.variants(t.F32, seed)}
+    assert len(pairs) == len(t.F32) * 9, "over the seeds, every pairing is run"
