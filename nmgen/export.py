@@ -17,11 +17,7 @@ def load_config(spec: str) -> Config:
     """A configuration from its canonical name or from a JSON file."""
     path = Path(spec)
     if spec.endswith(".json") or path.is_file():
-        try:
-            values = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not JSON ({exc})") from None
-        return config_from_dict(values)
+        return config_from_dict(json.loads(path.read_text()))
     return config_from_name(spec)
 
 
@@ -46,7 +42,7 @@ def export_kernel(config: Config, out_dir: Path, cubin: bool = False) -> list[Pa
     written[0].write_text(provenance(config) + source.code)
     written[1].write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
     if cubin:
-        from .compiler.nvcc import compile_with_nvcc
+        from .build.nvcc import compile_with_nvcc
 
         compiled = compile_with_nvcc(source)
         target = out_dir / f"{config.name}.cubin"
