@@ -2,7 +2,7 @@
 
 The pipeline, bottom up: ``format`` (prune, ``NMMatrix``) → ``families`` (each family's
 configuration, search space, model, weight preparation and launch plan) → ``codegen``
-(Jinja2 → CUDA) → ``build`` (nvcc, NVRTC) → ``runtime`` (launches; the CuPy/torch
+(Jinja2 → CUDA) → ``compiler`` (nvcc, NVRTC) → ``runtime`` (launches; the CuPy/torch
 boundary) and ``store`` (the tuned database) → ``policy`` (winners) and ``calibration``
 (models fitted to a GPU's records) → ``transfer`` (tuned kernels adapted to untuned
 problems) → ``tune`` and ``dispatch`` → ``bench`` and ``cli``. GPU libraries are imported

@@ -16,7 +16,8 @@ HOST_ONLY = frozenset({
     "nmgen/cli.py", "nmgen/export.py", "nmgen/attestation.py", "nmgen/progress.py",
     "nmgen/families/space.py", "nmgen/families/f32_simt/space.py",
     "nmgen/bench/report.py", "nmgen/bench/results.py", "nmgen/bench/plots.py",
-    "nmgen/tune/studies.py", "nmgen/tune/replay.py", "nmgen/tune/workers.py",
+    "nmgen/tune/studies.py", "nmgen/tune/storage.py", "nmgen/tune/liveness.py",
+    "nmgen/tune/replay.py", "nmgen/tune/workers.py",
     "nmgen/tune/refine.py", "nmgen/tune/command.py", "nmgen/tune/maintain.py",
 })
 

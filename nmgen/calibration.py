@@ -19,7 +19,6 @@ A family without enough records keeps its model as it is.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -118,11 +117,12 @@ def fit(family: Family, samples: Sequence[Sample], ridge: float = RIDGE) -> Cali
 
 def samples_of(engine: Engine, family: Family, key: ProblemKey, gpu: GpuSpec
                ) -> list[Sample]:
-    """The measured trials of ``family`` on ``key``'s GPU, arch and dtype (both A
-    layouts, every pattern, vector length and shape), with the model's estimates."""
+    """The measured trials of ``family`` (whose records ``key`` is of) on ``key``'s GPU,
+    arch and dtype (both A layouts, every pattern, vector length and shape, any CUDA
+    runtime), with the model's estimates."""
     out = []
     for layout in ALayout:
-        related = replace(key, a_layout=layout.value, template_hash=family.generator_hash())
+        related = key.at(replace(key.problem, a_layout=layout), key.shape)
         for (_, _, _, shape), trials in family_times(engine, related, TrialStatus.OK,
                                                      any_cuda=True).items():
             for time_ms, _, params in trials:
@@ -134,21 +134,26 @@ def samples_of(engine: Engine, family: Family, key: ProblemKey, gpu: GpuSpec
     return out
 
 
+# Fitted calibrations in this process, by (family, GPU name, arch, dtype, GPU figures):
+# what a fit depends on of the key it was asked for.
+_SHIPPED: dict[tuple, Calibration] = {}
+
+
 def shipped_calibration(family: Family, key: ProblemKey, gpu: GpuSpec) -> Calibration:
     """``family``'s calibration to the records of ``key``'s GPU, arch and dtype in the
-    database shipped with nmgen (kept on disk, keyed on the family's code and the
-    database)."""
-    return _shipped(family, key.gpu, key.arch, key.dtype, gpu)
+    database shipped with nmgen (``key``: one of ``family``'s problems there; its
+    pattern, layout and shape do not matter). Kept in the process and on disk, keyed on
+    the family's code and the database."""
+    scope = (family, key.gpu, key.arch, key.dtype, gpu)
+    if scope not in _SHIPPED:
+        _SHIPPED[scope] = _fit_shipped(family, key, gpu)
+    return _SHIPPED[scope]
 
 
-@functools.lru_cache(maxsize=64)
-def _shipped(family: Family, gpu_name: str, arch: str, dtype: str, gpu: GpuSpec
-             ) -> Calibration:
+def _fit_shipped(family: Family, key: ProblemKey, gpu: GpuSpec) -> Calibration:
     path = shipped_db()
     if not path.exists():
         return Calibration(family.name)
-    key = ProblemKey(gpu_name, "", arch, 0, 0, family.generator_hash(), 0, 0, 0, dtype,
-                     ALayout.ROW_MAJOR.value, 0, 0, 0)
 
     def build() -> Calibration:
         engine = connect(f"sqlite:///{path}", writable=False)
@@ -157,6 +162,6 @@ def _shipped(family: Family, gpu_name: str, arch: str, dtype: str, gpu: GpuSpec
         finally:
             engine.dispose()
 
-    cached = cache_file("calibration", (family.name, gpu_name, arch, dtype, gpu, RIDGE),
+    cached = cache_file("calibration", (family.name, key.gpu, key.arch, key.dtype, gpu, RIDGE),
                         (*family.source_files(), path, __file__))
     return load_or_build(cached, build, Calibration)

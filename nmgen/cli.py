@@ -11,14 +11,15 @@ import tempfile
 from pathlib import Path
 
 from .families.space import ConfigError
-from .format import DType, Pattern
+from .format import MAX_INDEX, DType, Pattern, check_width
 from .problem import ALayout
 from .shapes import ShapeFileError, read_shapes
 from .version import __version__
 
 
 def _patterns(text: str) -> list[Pattern]:
-    patterns = [Pattern.parse(p) for p in text.split(",") if p.strip()]
+    """The patterns of ``--pattern``, each once (a repeat would tune its problems twice)."""
+    patterns = list(dict.fromkeys(Pattern.parse(p) for p in text.split(",") if p.strip()))
     if not patterns:
         raise ValueError(f"--pattern {text!r}: no pattern given (e.g. 8:32 or 2:4,8:32)")
     return patterns
@@ -32,13 +33,17 @@ def _tasks(args: argparse.Namespace) -> list:
     """One task a (pattern, shape, family serving it); a problem that no family's space
     can serve is an error, not a tune that stores nothing."""
     from .families.registry import get, serving
-    from .families.space import parallel_enumeration
     from .gpus import gpu_spec
     from .problem import Problem
     from .tune.task import TuneTask
 
     spec = gpu_spec(args.gpu)
-    shapes = read_shapes(args.shapes)
+    shapes = list(dict.fromkeys(read_shapes(args.shapes)))  # a repeated line tunes once
+    for shape in shapes:
+        try:
+            check_width(args.vec, shape[1])
+        except ValueError as exc:
+            raise ValueError(f"{args.shapes}: shape {' '.join(map(str, shape))}: {exc}") from None
     tasks = []
     for p in _patterns(args.pattern):
         problem = Problem(p.n, p.m, args.vec, ALayout(args.layout), spec.arch,
@@ -51,53 +56,95 @@ def _tasks(args: argparse.Namespace) -> list:
         for family in dict.fromkeys(f for f, _ in pairs):
             if family.serves(problem) is not None:
                 raise ValueError(f"--family {family.name}: {family.serves(problem)}")
-            # The first call builds the family's enumeration (cached on disk for the workers).
-            with parallel_enumeration(os.cpu_count() or 1):
-                empty = not family.seed_candidates(problem, family.space)
-            if empty:
-                raise ValueError(f"no {family.name} kernel fits {problem}: no configuration "
-                                 f"of its space is valid for L = {args.vec}")
+            _check_space(args, family, problem)
         tasks += [TuneTask(spec, f, problem, *shape) for f, shape in pairs]
     return tasks
 
 
-def _check_tune_arguments(args: argparse.Namespace) -> None:
-    for option, value, least in (("--compile-workers", args.compile_workers, 1),
-                                 ("--ahead-workers", args.ahead_workers, 0),
-                                 ("--in-flight", args.in_flight, 1), ("--trials", args.trials, 1),
-                                 ("--vec", args.vec, 1), ("--worker-count", args.worker_count, 1),
-                                 ("--worker-index", args.worker_index, 0),
-                                 ("--compile-top", args.compile_top, 0)):
+def _check_space(args: argparse.Namespace, family, problem) -> None:
+    """Refuse a problem no configuration of ``family``'s space fits, and ``--trials``
+    beyond the configurations there are (a study could never have them). The first call
+    builds the family's enumeration (cached on disk for the workers)."""
+    from .families.space import parallel_enumeration
+
+    with parallel_enumeration(os.cpu_count() or 1):
+        size = len(family.seed_candidates(problem, family.space))
+    if not size:
+        raise ValueError(f"no {family.name} kernel fits {problem}: no configuration "
+                         f"of its space is valid for L = {args.vec}")
+    if getattr(args, "trials_given", False) and args.trials > size:
+        raise ValueError(f"--trials {args.trials}: more than the {size} configurations of "
+                         f"the {family.name} family's space for {problem}; give at most "
+                         f"{size}")
+
+
+def _at_least(*checks: tuple[str, int | float | None, int]) -> None:
+    """Refuse a count below what it can be: a command given 0 repeats or cases would exit
+    0 having done nothing."""
+    for option, value, least in checks:
         if value is not None and value < least:
             raise ValueError(f"{option} must be at least {least}, not {value}")
+
+
+def _check_storage_url(text: str | None) -> None:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    if text is None:
+        return
+    if text.startswith("journal:"):
+        if not text.removeprefix("journal:"):
+            raise ValueError("--storage journal: names no file (journal:PATH)")
+        return
+    try:
+        make_url(text)
+    except ArgumentError:
+        raise ValueError(f"--storage {text!r}: expected an SQLAlchemy URL "
+                         "(postgresql+psycopg://USER@HOST/DB) or journal:PATH") from None
+
+
+def _check_tune_arguments(args: argparse.Namespace) -> None:
+    _at_least(("--compile-workers", args.compile_workers, 1),
+              ("--ahead-workers", args.ahead_workers, 0), ("--in-flight", args.in_flight, 1),
+              ("--trials", args.trials, 1), ("--vec", args.vec, 1),
+              ("--worker-count", args.worker_count, 1), ("--worker-index", args.worker_index, 0),
+              ("--compile-top", args.compile_top, 0))
+    if args.vec > MAX_INDEX:
+        raise ValueError(f"--vec must be at most {MAX_INDEX} (the kernels hold L in a 32-bit "
+                         f"int), not {args.vec}")
     if not args.time_budget > 0:
         raise ValueError(f"--time-budget must be a positive number of seconds, not "
                          f"{args.time_budget}")
     if args.worker_index >= args.worker_count:
         raise ValueError(f"--worker-index {args.worker_index} is not below --worker-count "
                          f"{args.worker_count}")
+    _check_storage_url(args.storage)
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from .store.database import database_url, default_url
+    from .store.database import check_writable, database_url, default_url
     from .tune.command import (
+        check_needs,
         default_trials,
         device_list,
         start_compile_pool,
         tune_here,
         tune_on_devices,
     )
-    from .tune.studies import check_storage, default_storage_url
+    from .tune.storage import check_storage, default_storage_url
 
+    args.trials_given = args.trials is not None
     if args.trials is None:
         args.trials = default_trials(args.quick)
     _check_tune_arguments(args)
+    check_needs(args)  # nvcc, CuPy, the driver: before any work
+    db_url = database_url(args.db) if args.db else default_url()
+    check_writable(db_url, adopt=args.force_db)
     tasks = _tasks(args)  # may fork (the enumeration): before the pool's threads exist
     pool = start_compile_pool(args)  # loading while CUDA starts and the first seeds rank
     try:
         devices = device_list(args.devices)
         workers = max(len(devices), args.worker_count)
-        db_url = database_url(args.db) if args.db else default_url()
         storage_url = args.storage or default_storage_url(db_url)
         check_storage(storage_url, workers)
         if devices:
@@ -153,6 +200,7 @@ def _carry(args: argparse.Namespace) -> int:
         time_references,
     )
 
+    _at_least(("--remeasure", args.remeasure, 0))
     with tempfile.TemporaryDirectory() as tmp:
         root = args.tree or tree_of_revision(args.repo, args.from_rev, Path(tmp) / "old")
         url = scratch_copy(args.db, Path(tmp)) if args.plan else args.db
@@ -186,6 +234,7 @@ def _refine(args: argparse.Namespace) -> int:
     from .tune.maintain import remeasure
     from .tune.refine import refinement_candidates
 
+    _at_least(("--top", args.top, 1), ("--workers", args.workers, 1))
     engine = connect(args.db)
     variants = refinement_candidates(engine, _pattern_set(args.pattern), top=args.top,
                                      min_gain=args.min_gain, family_name=args.family)
@@ -195,7 +244,7 @@ def _refine(args: argparse.Namespace) -> int:
           flush=True)
     if variants and not args.plan:
         if not args.dry_run:  # compile them all at once, not one a problem
-            from .build.pool import precompile
+            from .compiler.pool import precompile
 
             for error in precompile(list(kernels.values()), workers=args.workers):
                 print(f"compile error: {error}", file=sys.stderr, flush=True)
@@ -223,6 +272,8 @@ def _export(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from .bench.results import summary_table
     from .bench.run import bench_to_dir
+
+    _at_least(("--repeat", args.repeat, 1), ("--vec", args.vec, 1))
 
     if args.decode or DType.parse(args.dtype) is not DType.F32:  # against PyTorch's GEMM
         from .bench.decode import decode_bench_to_dir
@@ -256,6 +307,7 @@ def _bench_untuned(args: argparse.Namespace) -> int:
     from .runtime.device import device_info
     from .store.database import database_url, shipped_db
 
+    _at_least(("--repeat", args.repeat, 1))
     dtype = DType.parse(args.dtype)
     device = table_device(args.plan) if args.plan else device_info()
     untuned_urls = [database_url(u) for u in args.untuned_db or [f"sqlite:///{shipped_db()}"]]
@@ -292,8 +344,8 @@ def _selftest(args: argparse.Namespace) -> int:
     from .families.registry import all_families, get
     from .progress import Progress
 
-    if args.cases < 1:
-        raise ValueError(f"--cases must be at least 1, not {args.cases}")
+    _at_least(("--cases", args.cases, 1), ("--per-config", args.per_config, 1),
+              ("--max-size", args.max_size, 1))
     families = [get(args.family)] if args.family else list(all_families())
     with Progress(args.cases * len(families), "cases", args.quiet) as bar:
         outcome = selftest(args.cases, args.seed, per_config=args.per_config,
@@ -353,13 +405,18 @@ def build_parser() -> argparse.ArgumentParser:
                       "model's best three; two finalists timed again, no cross-check")
     tune.add_argument("--time-budget", type=float, default=math.inf, help="seconds in all")
     tune.add_argument("--db", help="SQLAlchemy URL of the tuned database")
+    tune.add_argument("--force-db", action="store_true",
+                      help="write into a --db that holds another program's tables (adding "
+                      "nmgen's to them)")
     tune.add_argument("--storage", help="Optuna storage: an SQLAlchemy URL or journal:PATH "
                       "(default: a journal file beside a SQLite --db, else the --db URL)")
     tune.add_argument("--dry-run", action="store_true",
                       help="search with the model as the measure (recorded as status "
-                      "'model') and compile the top configurations; no GPU")
-    tune.add_argument("--compile-top", type=int, default=4,
-                      help="dry run: compile this many best configurations a problem")
+                      "'model') and compile the top configurations with nvcc where it is on "
+                      "PATH; no GPU, no CuPy")
+    tune.add_argument("--compile-top", type=int, default=None,
+                      help="dry run: compile this many best configurations a problem with "
+                      "nvcc (default: 4 where nvcc is on PATH, else 0)")
     tune.add_argument("--devices", help="GPUs to tune on, one worker each: 0,1,... or all")
     tune.add_argument("--compile-workers", type=int, default=None, metavar="N",
                       help="compile processes a worker gives the batch it times next "
@@ -513,6 +570,25 @@ def main(argv: list[str] | None = None) -> int:
         where = f" {exc.filename}" if exc.filename else ""
         print(f"nmgen {args.command}: error:{where}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # where the command says nothing more itself
+        print(f"nmgen {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        reason = _database_failure(exc)
+        if reason is None:
+            raise
+        print(f"nmgen {args.command}: error: {reason}", file=sys.stderr)
+        return 2
+
+
+def _database_failure(exc: Exception) -> str | None:
+    """A database's own failure in mid-command (a damaged file, a server gone) in a line;
+    ``None`` for any other exception (a bug: its traceback is wanted)."""
+    orig = getattr(exc, "orig", None)
+    if not type(exc).__module__.startswith("sqlalchemy") or orig is None:
+        return None
+    return (f"the database failed: {type(orig).__name__}: {orig} (a damaged SQLite file "
+            "answers 'PRAGMA integrity_check'; restore it or give another --db)")
 
 
 if __name__ == "__main__":

@@ -12,15 +12,25 @@ each, the lookup takes the first of:
    vector lengths of the same dtype and A layout, their winners and runners-up adapted to
    the problem, ranked with the model's own best guesses by the model calibrated to this
    GPU's records (``nmgen.transfer``, ``nmgen.calibration``);
-5. ``model``: the family's model's choice.
+5. ``other_gpu``: the records other GPUs hold of the problem, those of this architecture
+   first, each kernel rebuilt for this GPU where it can run here and its time moved here
+   by the family's model (``nmgen.other_gpus``). Another GPU of this architecture's
+   record of the very shape comes before 2-4 where ``other_gpu_first`` is set (the
+   default, ``OTHER_GPU_FIRST``; ``NMGEN_OTHER_GPU_FIRST=0`` turns it off), after them
+   otherwise, as does every other record of another GPU; where no other GPU holds the
+   problem itself, a transfer (as 4) from the problems other GPUs tuned, also counted
+   as ``other_gpu``;
+6. ``model``: the family's model's choice.
 
-Across families the decision from the nearest record wins (an exact one is at distance 0,
-a transfer at the distance of its nearest tuned problem, the model's at infinity), then
-a family that tunes the shape before one that does not, then the source in that order,
-then the time; but another family's record whose time, scaled to the shape by its model,
-is ``MUCH_FASTER`` ahead comes first (a slow family's exact record does not hide a fast
-family's record of a neighbouring shape). The user's database comes first, then the one
-shipped with nmgen. A fallback is counted and warned about once per problem.
+Across families, first the evidence of this GPU (and a record of another GPU that comes
+before it, as in 5), then that of other GPUs, then the models' choices; within each, the
+decision from the nearest record wins (an exact one is at distance 0, a transfer at the
+distance of its nearest tuned problem), then a family that tunes the shape before one
+that does not, then the source in that order, then the time; but another family's record
+whose time, scaled to the shape by its model, is ``MUCH_FASTER`` ahead comes first (a
+slow family's exact record does not hide a fast family's record of a neighbouring
+shape). The user's database comes first, then the one shipped with nmgen. A fallback is
+counted and warned about once per problem; a decision from other GPUs' records once.
 
 ``tune="quick"`` (or ``NMGEN_TUNE=quick``): where a call finds no exact record, a few
 candidates (the decision above first, then the best of the families' nearest records,
@@ -56,21 +66,45 @@ from .families.base import Config, Family
 from .families.registry import all_families, family_of, serving
 from .format import NMMatrix
 from .gpus import GpuSpec, spec_or_h100, table_name
-from .policy import RelatedRecord, best_per_problem, pick_winner, related_records
+from .other_gpus import GpuModel, borrowed, figures_of, retargeted, with_ceilings
+from .policy import (
+    OtherGpuRecord,
+    RelatedRecord,
+    best_per_problem,
+    other_gpu_records,
+    other_gpus_related,
+    pick_winner,
+    related_records,
+)
 from .problem import ALayout, Problem
 from .runtime.device import DeviceInfo, device_info, operand
 from .runtime.launch import Kernel
-from .shapes import shape_distance
+from .shapes import MAX_DIM, shape_distance
 from .store.database import connect, default_url, shipped_db
-from .store.records import ProblemKey, problems_by_generator, record_trial
+from .store.records import (
+    DeviceKey,
+    ProblemKey,
+    latest_ceilings,
+    problems_by_generator,
+    record_trial,
+)
 from .store.tables import TrialStatus
 from .transfer import nearest_distance, ranked
 
 # Where a decision comes from, best first: a record of this shape, a quick tune's timing
 # of this shape in this process, the nearest tuned shape, the same from another CUDA
-# runtime's records, kernels of other tuned problems adapted, the family's model.
+# runtime's records, kernels of other tuned problems adapted, other GPUs' records moved
+# here, the family's model.
 SOURCES = ("exact", "quick", "nearest", "exact-other-cuda", "nearest-other-cuda",
-           "transfer", "model")
+           "transfer", "other_gpu", "model")
+EXACT = frozenset({"exact", "exact-other-cuda"})  # this GPU's records of the very shape
+# Whether another GPU of this architecture's record of the very shape comes before this
+# GPU's nearest record and transfer (True) or after them (False): to be settled by
+# measurement on GPUs that have both; NMGEN_OTHER_GPU_FIRST=0 sets it off.
+OTHER_GPU_FIRST = os.environ.get("NMGEN_OTHER_GPU_FIRST", "1").strip().lower() not in (
+    "0", "off", "false", "no")
+# Decision tiers, ranked first across families: this GPU's evidence, other GPUs', the model.
+OWN, OTHER_GPUS, MODEL = 0, 1, 2
 MEASURED = frozenset({"exact", "quick"})  # what a quick tune would not improve on
 TUNE_MODES = ("quick",)
 QUICK_CANDIDATES = 4  # kernels a quick tune times
@@ -97,13 +131,15 @@ class Decision:
     in_regime: bool = True  # whether the family tunes the shape (``Family.tunes``)
     # a record's time scaled to the shape asked by its family's model (exact: its time)
     at_shape_ms: float | None = None
+    tier: int = OWN  # OWN, OTHER_GPUS or MODEL: whose evidence it is
 
     def rank(self) -> tuple:
-        """Across families: the record of the nearest shape first (an exact one is at 0;
-        families tuned at other M do not mislead one another), then a family built for
-        the shape before one that is not, then the source, then the time (comparable
-        where the shapes are the same), then the name."""
-        return (self.distance, not self.in_regime, SOURCES.index(self.source),
+        """Across families: this GPU's evidence, then other GPUs', then the models'; in
+        each, the record of the nearest shape first (an exact one is at 0; families
+        tuned at other M do not mislead one another), then a family built for the shape
+        before one that is not, then the source, then the time (comparable where the
+        shapes are the same), then the name."""
+        return (self.tier, self.distance, not self.in_regime, SOURCES.index(self.source),
                 self.time_ms or 0.0, self.config.name)
 
 
@@ -116,6 +152,18 @@ def tune_mode(text: str | None) -> str | None:
     return text.strip().lower()
 
 
+def check_shape(shape: tuple[int, int, int]) -> None:
+    """Refuse an (M, N, K) no kernel takes: the kernels index in 32 bits, and N and K of 0
+    (or less) leave nothing to multiply (M = 0 is an empty result)."""
+    if len(shape) != 3 or not all(hasattr(d, "__index__") and not isinstance(d, bool)
+                                  for d in shape):
+        raise ValueError(f"shape {shape!r}: expected (M, N, K), three integers")
+    m_rows, cols, depth = shape
+    if m_rows < 0 or cols < 1 or depth < 1 or max(shape) > MAX_DIM:
+        raise ValueError(f"shape (M, N, K) = {shape}: need 0 <= M and 1 <= N, K, each at "
+                         f"most {MAX_DIM} (the kernels index in 32 bits)")
+
+
 class Dispatcher:
     """Holds the databases, the decision cache, the kernel cache and the counters.
     ``device``: the GPU decisions are made for (default: the current device). ``tune``:
@@ -124,26 +172,32 @@ class Dispatcher:
     user's database, ``NMGEN_DB`` or ``~/.cache/nmgen/tuned.db``, or the first of
     ``db_urls`` unless it is the shipped one; ``""``: nowhere). ``calibrate``: rank
     transfers by the model calibrated to the shipped records of this GPU (else the model
-    as it is)."""
+    as it is). ``other_gpu_first``: whether another GPU of this architecture's record of
+    the very shape comes before this GPU's nearest record and transfer (default:
+    ``OTHER_GPU_FIRST``)."""
 
     def __init__(self, db_urls: list[str] | None = None, device: DeviceInfo | None = None,
                  tune: str | None = None, write_url: str | None = None,
-                 calibrate: bool = True):
+                 calibrate: bool = True, other_gpu_first: bool | None = None):
         self._urls = db_urls
         self._device = device
         self.tune = tune_mode(tune if tune is not None else os.environ.get("NMGEN_TUNE"))
         self._write_url = write_url
         self._calibrate = calibrate
+        self.other_gpu_first = OTHER_GPU_FIRST if other_gpu_first is None else other_gpu_first
         self._engines: list[Any] | None = None
         self._older: dict[str, int] = {}  # problems of an older generator, by database
         self._related: dict[tuple, list[RelatedRecord]] = {}
+        self._other_gpus: dict[tuple, list[OtherGpuRecord]] = {}
+        self._related_elsewhere: dict[tuple, dict[ProblemKey, list[RelatedRecord]]] = {}
+        self._ceilings: dict[str, tuple[float, float] | None] = {}
         self._decisions: dict[tuple, Decision] = {}
         self._ranked: dict[tuple, list[Decision]] = {}
         self._variants: dict[tuple, tuple[Decision, Decision]] = {}
         self._quick_tried: set[tuple] = set()
         self._fast: dict[tuple, tuple[Kernel, str, bool]] = {}
         self._kernels: dict[str, Kernel] = {}
-        self._warned: set[tuple] = set()
+        self._warned: set[object] = set()  # problems warned of, and "other_gpu"
         self._lock = threading.RLock()
         self._count_lock = threading.Lock()
         self.counts: Counter[str] = Counter()
@@ -178,6 +232,7 @@ class Dispatcher:
         """The kernel for ``problem`` at ``shape`` (M, N, K), with ``epilogue``."""
         decision = self._decisions.get((problem, shape))
         if decision is None:
+            check_shape(shape)
             with self._lock:
                 decision = self._decisions.get((problem, shape))
                 if decision is None:
@@ -230,20 +285,32 @@ class Dispatcher:
 
     def _lookup_family(self, family: Family, problem: Problem, shape: tuple[int, int, int]
                        ) -> Decision | None:
+        """The family's decision, in the order of the module docstring."""
         key = problem_key(family, problem, shape, self.device)
         gpu = spec_or_h100(key.gpu)
         recorded = self._recorded(family, key, shape, gpu)
+        if recorded is not None and recorded.source in EXACT:
+            return recorded
+        other_gpus = self._borrowed(family, problem, shape, key, gpu)
+        if other_gpus is not None and other_gpus.tier == OWN:
+            return other_gpus
         if recorded is not None:
             return recorded
         if family.tunes(shape):
             transfer = self._transfer(family, problem, shape, key, gpu)
             if transfer is not None:
                 return transfer
+        if other_gpus is not None:
+            return other_gpus
+        if family.tunes(shape):
+            transfer = self._transfer_from_other_gpus(family, problem, shape, key, gpu)
+            if transfer is not None:
+                return transfer
         config = family.default_config(problem, gpu, shape)
         if config is None:
             return None
         return Decision(config, "model", family.estimate_ms(config, gpu, shape), math.inf,
-                        in_regime=family.tunes(shape))
+                        in_regime=family.tunes(shape), tier=MODEL)
 
     def _recorded(self, family: Family, key: ProblemKey, shape: tuple[int, int, int],
                   gpu: GpuSpec) -> Decision | None:
@@ -269,17 +336,107 @@ class Dispatcher:
         return None
 
     def _transfer(self, family: Family, problem: Problem, shape: tuple[int, int, int],
-                  key: ProblemKey, gpu: GpuSpec) -> Decision | None:
-        records = self.related(key)
+                  key: ProblemKey, gpu: GpuSpec, records: list[RelatedRecord] | None = None,
+                  calibration: Calibration | None = None) -> Decision | None:
+        """The transfer from ``records`` (default: this GPU's tuned problems), ranked by
+        ``calibration`` (default: the model calibrated to this GPU's records)."""
+        records = self.related(key) if records is None else records
         distance = nearest_distance(problem, shape, records)
         if not math.isfinite(distance):
             return None
-        candidates = ranked(family, problem, shape, gpu, self.calibration(family, key, gpu),
-                            records)
+        if calibration is None:
+            calibration = self.calibration(family, key, gpu)
+        candidates = ranked(family, problem, shape, gpu, calibration, records)
         if not candidates:
             return None
         best = candidates[0]
         return Decision(best.config, "transfer", best.estimate_ms, distance, best.origin)
+
+    def _borrowed(self, family: Family, problem: Problem, shape: tuple[int, int, int],
+                  key: ProblemKey, gpu: GpuSpec) -> Decision | None:
+        """The fastest of other GPUs' kernels for the problem, moved here
+        (``nmgen.other_gpus``); ``None`` where no other GPU's record runs here."""
+        records = self.other_gpu_records(key)
+        if not records:
+            return None
+
+        def models_of(other: ProblemKey) -> tuple[GpuModel, GpuModel]:
+            here, there = with_ceilings(gpu, figures_of(other), self.ceilings(
+                (key.gpu, other.gpu)))
+            return (GpuModel(here, self.calibration(family, key, here)),
+                    GpuModel(there, self.calibration(family, other, there)))
+
+        found = borrowed(family, problem, shape, records, models_of, family.tunes(shape))
+        if not found:
+            return None
+        best = found[0]
+        first = self.other_gpu_first and best.same_arch and best.distance == 0
+        return Decision(best.config, "other_gpu", best.estimate_ms, best.distance,
+                        best.origin, family.tunes(shape), best.estimate_ms,
+                        OWN if first else OTHER_GPUS)
+
+    def _transfer_from_other_gpus(self, family: Family, problem: Problem,
+                                  shape: tuple[int, int, int], key: ProblemKey,
+                                  gpu: GpuSpec) -> Decision | None:
+        """A transfer from the problems other GPUs tuned (those of this architecture
+        first), their kernels rebuilt for this GPU's arch: a decision of other GPUs'
+        records (``other_gpu``), ranked by the model calibrated to this GPU's records,
+        else (none fitted) to those of a GPU of this architecture it transfers from (the
+        model misjudges a kind of kernel alike on one architecture)."""
+        by_gpu = self.related_elsewhere(key)
+        own = self.calibration(family, key, gpu)
+        for same_arch in (True, False):
+            gpus = sorted((k for k in by_gpu if (k.problem.arch is problem.arch) == same_arch),
+                          key=lambda k: k.gpu)
+            records = retargeted(family, [r for k in gpus for r in by_gpu[k]], problem)
+            borrowed_fit = (c for k in gpus if same_arch and (
+                c := self.calibration(family, k, figures_of(k))).fitted)
+            calibration = own if own.fitted else next(borrowed_fit, own)
+            decision = self._transfer(family, problem, shape, key, gpu, records, calibration)
+            if decision is not None:
+                names = "+".join(sorted({k.gpu for k in gpus}))
+                return dataclasses.replace(decision, source="other_gpu", tier=OTHER_GPUS,
+                                           origin=f"{names}: {decision.origin}")
+        return None
+
+    def related_elsewhere(self, key: ProblemKey) -> dict[ProblemKey, list[RelatedRecord]]:
+        """The tuned problems of ``key``'s family, dtype and A layout that other GPUs
+        hold, by a key of each GPU, in every database read (the first that holds a GPU),
+        kept in the process."""
+        cache_key = (key.gpu, key.template_hash, key.dtype, key.a_layout)
+        if cache_key not in self._related_elsewhere:
+            found: dict[ProblemKey, list[RelatedRecord]] = {}
+            for engine in self._dbs():
+                for other, records in other_gpus_related(engine, key).items():
+                    if not any(k.gpu == other.gpu and k.arch == other.arch for k in found):
+                        found[other] = records
+            self._related_elsewhere[cache_key] = found
+        return self._related_elsewhere[cache_key]
+
+    def other_gpu_records(self, key: ProblemKey) -> list[OtherGpuRecord]:
+        """The records GPUs other than ``key``'s hold of its problem, every shape, in
+        every database read (the user's first where both hold a GPU's shape), kept in
+        the process."""
+        cache_key = (key.gpu, key.template_hash, key.problem)
+        if cache_key not in self._other_gpus:
+            seen: dict[tuple, OtherGpuRecord] = {}
+            for engine in self._dbs():
+                for record in other_gpu_records(engine, key):
+                    seen.setdefault((record.key.gpu, record.key.arch, record.key.shape),
+                                    record)
+            self._other_gpus[cache_key] = list(seen.values())
+        return self._other_gpus[cache_key]
+
+    def ceilings(self, gpus: Sequence[str]) -> dict[str, tuple[float, float]]:
+        """The (FP32 TFLOP/s, DRAM GB/s) ceilings ``nmgen bench`` measured of each of
+        ``gpus`` that has them (the first database holding them), kept in the process."""
+        for name in gpus:
+            if name not in self._ceilings:
+                rows = (latest_ceilings(engine, name) for engine in self._dbs())
+                row = next((r for r in rows if r is not None), None)
+                self._ceilings[name] = None if row is None else (row.fp32_tflops,
+                                                                 row.dram_gbs)
+        return {name: c for name in gpus if (c := self._ceilings[name]) is not None}
 
     def related(self, key: ProblemKey) -> list[RelatedRecord]:
         """The tuned problems of ``key``'s GPU, family, dtype and A layout in every
@@ -364,7 +521,9 @@ class Dispatcher:
             record_trial(engine, key, t.config, render(t.config).sha256, status, t.time_ms,
                          family.estimate_ms(t.config, spec_or_h100(key.gpu), shape), t.error)
         engine.dispose()
-        self._engines, self._related = None, {}  # read again, the user's database first
+        # read again, the user's database first
+        self._engines, self._related, self._other_gpus = None, {}, {}
+        self._related_elsewhere = {}
         return url
 
     def _writable(self) -> str | None:
@@ -411,7 +570,9 @@ class Dispatcher:
         decision = self.decide(problem, shape)
         if tune == "quick" and decision.source not in MEASURED:
             decision = self.quick_tune(problem, shape)
-        if decision.source not in MEASURED:
+        if decision.source == "other_gpu":
+            self._warn_other_gpus_once(problem, shape, decision)
+        elif decision.source not in MEASURED:
             self._warn_once(problem, shape, decision)
         improvable = decision.source not in MEASURED and (problem, shape) not in self._quick_tried
         decision = self._with_epilogue(decision, problem, shape, epilogue)
@@ -429,17 +590,32 @@ class Dispatcher:
                       f"{decision.config.name} (said once; nmgen.dispatch_stats() counts "
                       "every fallback)", stacklevel=4)
 
+    def _warn_other_gpus_once(self, problem: Problem, shape: tuple[int, int, int],
+                              decision: Decision) -> None:
+        if "other_gpu" in self._warned:
+            return
+        self._warned.add("other_gpu")
+        m, n, k = shape
+        warnings.warn(f"nmgen.dispatch: no tuned record for "
+                      f"{table_name(self.device.name)} {problem} M={m} N={n} K={k}; using "
+                      f"another GPU's record ({decision.origin}) moved to this GPU by the "
+                      f"model: {decision.config.name} (said once for every problem so "
+                      "served; nmgen.dispatch_stats() counts them as 'other_gpu')",
+                      stacklevel=4)
+
 
 def much_faster_first(ranked: list[Decision]) -> list[Decision]:
     """``ranked`` with the fastest of the other families' measured kernels first where,
     its time scaled to the shape, it is ``MUCH_FASTER`` than the first one's and its
     record ``MUCH_FASTER_WITHIN`` of the shape: a slow family's exact record does not
-    hide a fast family's record of a neighbouring shape."""
+    hide a fast family's record of a neighbouring shape. A rival is of the first one's
+    tier (another GPU's record does not pass this GPU's)."""
     first = ranked[0]
     if first.at_shape_ms is None:
         return ranked
     rivals = [d for d in ranked[1:] if d.at_shape_ms is not None and d.in_regime
-              and d.distance <= MUCH_FASTER_WITHIN and d.config.family != first.config.family
+              and d.tier == first.tier and d.distance <= MUCH_FASTER_WITHIN
+              and d.config.family != first.config.family
               and d.at_shape_ms * MUCH_FASTER < first.at_shape_ms]
     if not rivals:
         return ranked
@@ -489,15 +665,15 @@ def gpu_name() -> str:
     return table_name(device_info().name)
 
 
+def device_key(info: DeviceInfo) -> DeviceKey:
+    """How the store keys the records of device ``info``."""
+    return DeviceKey(table_name(info.name), info.name, info.cuda_version, info.sms)
+
+
 def problem_key(family: Family, problem: Problem, shape: tuple[int, int, int],
                 info: DeviceInfo) -> ProblemKey:
     """The database key of ``family``'s records of a problem on device ``info``."""
-    return ProblemKey(gpu=table_name(info.name), device_name=info.name, arch=info.arch.value,
-                      cuda_version=info.cuda_version, sms=info.sms,
-                      template_hash=family.generator_hash(), n=problem.n, m=problem.m,
-                      vec=problem.vec, dtype=problem.dtype.value,
-                      a_layout=problem.a_layout.value, rows=shape[0], cols=shape[1],
-                      depth=shape[2])
+    return ProblemKey.of(problem, shape, device_key(info), family)
 
 
 def layout_of(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> ALayout:
@@ -538,5 +714,6 @@ def dispatch(a: Any, b: NMMatrix, out: Any = None, *, bias: Any = None,
 
 def dispatch_stats() -> dict[str, int]:
     """How many calls were served from each source of ``SOURCES``: an exact record, a
-    quick tune, a nearest shape, another CUDA runtime's records, a transfer, the model."""
+    quick tune, a nearest shape, another CUDA runtime's records, a transfer, other GPUs'
+    records, the model."""
     return dict(default_dispatcher().counts)

@@ -17,7 +17,11 @@ def load_config(spec: str) -> Config:
     """A configuration from its canonical name or from a JSON file."""
     path = Path(spec)
     if spec.endswith(".json") or path.is_file():
-        return config_from_dict(json.loads(path.read_text()))
+        try:
+            values = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not JSON ({exc})") from None
+        return config_from_dict(values)
     return config_from_name(spec)
 
 
@@ -42,7 +46,7 @@ def export_kernel(config: Config, out_dir: Path, cubin: bool = False) -> list[Pa
     written[0].write_text(provenance(config) + source.code)
     written[1].write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
     if cubin:
-        from .build.nvcc import compile_with_nvcc
+        from .compiler.nvcc import compile_with_nvcc
 
         compiled = compile_with_nvcc(source)
         target = out_dir / f"{config.name}.cubin"

@@ -1,10 +1,18 @@
-"""The vector-wise N:M sparse format (DESIGN §1): pruning, the compressed form, the reference.
+"""The vector-wise N:M sparse format (docs/design.md §1): pruning, the compressed form, the
+reference.
 
 ``B`` (``K×N``) is split into windows of ``m`` rows and groups of ``L`` columns; every
 (window, group) keeps the same ``n`` rows for all ``L`` columns. The compressed form is
 
 - ``values``  ``W×N`` with ``W = ⌈K/m⌉·n``: ``values[w·n+i, j] = B[w·m + idx(w, j//L, i), j]``
 - ``indices`` ``W×⌈N/L⌉`` uint8: ``indices[w·n+i, q] = idx(w, q, i)``, ascending in ``i``.
+
+The layout rule: a weight given as a PyTorch tensor must say its ``layout`` (``"nk"``: an
+``nn.Linear.weight``, ``[out, in] = [N, K]``; ``"kn"``: ``K×N``), in ``prune`` and
+``NMMatrix.from_compressed`` alike; PyTorch stores weights ``[out, in]`` while NumPy's
+``x @ w`` reads ``K×N``, and a square weight fits both, so a default would multiply it as
+its transpose without an error. NumPy and CuPy arrays are ``K×N`` unless ``layout`` says
+otherwise. ``nmgen.nn`` takes ``nn.Linear`` layers, whose layout it knows.
 
 ``K`` and ``N`` that are not multiples of ``m`` and ``L`` are padded with zeros inside;
 the padding never shows in ``shape``, ``values``, ``to_dense()`` or a product. The values
@@ -27,6 +35,11 @@ from .epilogue import Activation, apply_reference, array_module
 
 _PATTERN_RE = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
 MAX_M = 256  # indices are stored as uint8
+# The kernels index rows, columns and depth, and hold L, in 32-bit ints (nmgen.shapes.MAX_DIM).
+MAX_INDEX = 2**31 - 1
+# A vector longer than the weight's N columns holds only zeros past them: L may exceed N
+# (a kernel tuned at L = 32 serves a 16-column weight) up to this many columns.
+MAX_VEC_PAST_N = 4096
 
 
 class DType(str, Enum):
@@ -46,11 +59,14 @@ class DType(str, Enum):
         return self.numpy.itemsize
 
     @classmethod
-    def parse(cls, text: str | DType) -> DType:
-        """``"fp32"``, ``"float32"``, ``"f32"``, ``"bf16"``, ... as a ``DType``."""
+    def parse(cls, text: Any) -> DType:
+        """``"fp32"``, ``"float32"``, ``"f32"``, ``"bf16"``, ... as a ``DType``; so are the
+        NumPy, ``ml_dtypes`` and PyTorch dtypes of those names (``np.float16``,
+        ``torch.bfloat16``)."""
         if isinstance(text, DType):
             return text
-        key = str(text).lower().replace("float", "f").replace("fp", "f")
+        name = _dtype_name(text)
+        key = name.lower().replace("float", "f").replace("fp", "f")
         key = {"bf16": "bf16", "bfloat16": "bf16", "bf": "bf16"}.get(key, key)
         try:
             return cls(key)
@@ -66,6 +82,18 @@ class DType(str, Enum):
 
 
 _DTYPE_NAMES = {"float32": DType.F32, "bfloat16": DType.BF16, "float16": DType.F16}
+
+
+def _dtype_name(dtype: Any) -> str:
+    """The name of a dtype given as text, a NumPy dtype or scalar type, or a torch dtype."""
+    if isinstance(dtype, str):
+        return dtype
+    if isinstance(dtype, type) and issubclass(dtype, np.generic):
+        return np.dtype(dtype).name
+    if isinstance(dtype, np.dtype):
+        return dtype.name
+    text = str(dtype)
+    return text.removeprefix("torch.") if text.startswith("torch.") else text
 
 
 @dataclass(frozen=True)
@@ -122,9 +150,17 @@ def _ceil_div(a: int, b: int) -> int:
 def to_numpy(x: Any) -> np.ndarray:
     """A host NumPy view/copy of a NumPy array, CuPy array or PyTorch tensor (a torch
     bfloat16 tensor becomes an ``ml_dtypes.bfloat16`` array of the same bits)."""
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError("a masked array: its masked entries would be read as values; pass "
+                        "x.filled(0) (or the fill you mean)")
     if isinstance(x, np.ndarray):
         return x
+    if x is None:
+        raise TypeError("expected an array (NumPy, CuPy or PyTorch), got None")
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch.Tensor
+        if getattr(x, "is_meta", False):
+            raise ValueError("a tensor on the meta device holds no values: load the weights "
+                             "first")
         host = x.detach().cpu()
         if str(host.dtype) == "torch.bfloat16":
             return host.view(_torch_int16(host)).numpy().view(ml_dtypes.bfloat16)
@@ -184,9 +220,50 @@ def _check_finite(array: np.ndarray, what: str) -> None:
                          f"{'prune a finite weight' if what == 'weight' else 'pass finite values'}")
 
 
+LAYOUTS = ("kn", "nk")
+
+
+def is_torch(x: Any) -> bool:
+    """Whether ``x`` is a PyTorch tensor (told without importing torch)."""
+    return any(c.__module__.startswith("torch") and c.__name__ == "Tensor"
+               for c in type(x).__mro__)
+
+
+def _layout(layout: str | None, *arrays: Any) -> str:
+    """``layout`` checked; where it is not given, ``"kn"``, except for a PyTorch weight,
+    which must say it (see the module docstring)."""
+    if layout is None:
+        if any(is_torch(a) for a in arrays):
+            raise ValueError("a PyTorch weight needs layout=: 'nk' for an nn.Linear weight "
+                             "([out, in] = [N, K], y = x @ w.T) or 'kn' for a K×N matrix "
+                             "(y = x @ w); a square weight fits both, so none is assumed")
+        return "kn"
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r}: expected 'kn' (K×N) or 'nk' (PyTorch [out, in])")
+    return layout
+
+
 def _check_shape(k: int, n_cols: int) -> None:
     if k < 1 or n_cols < 1:
         raise ValueError(f"shape (K, N) = ({k}, {n_cols}): K and N must be >= 1")
+    if max(k, n_cols) > MAX_INDEX:
+        raise ValueError(f"shape (K, N) = ({k}, {n_cols}): K and N must be at most "
+                         f"{MAX_INDEX} (the kernels index in 32 bits)")
+
+
+def check_width(vec: int, n_cols: int) -> None:
+    """Refuse an ``L`` past what a weight of ``n_cols`` columns can use: beyond
+    ``max(N, MAX_VEC_PAST_N)`` (a vector past the last column is all zeros: one of
+    10**9 columns would allocate gigabytes of them), or padding ``N`` past 32-bit indexing."""
+    if vec > max(n_cols, MAX_VEC_PAST_N):
+        raise ValueError(f"vec {vec}: longer than the weight's N = {n_cols} columns and than "
+                         f"{MAX_VEC_PAST_N}, the most nmgen pads a vector to past N (the "
+                         "padding holds only zeros); take L <= max(N, "
+                         f"{MAX_VEC_PAST_N})")
+    padded = _ceil_div(n_cols, vec) * vec
+    if padded > MAX_INDEX:
+        raise ValueError(f"vec {vec}: pads N = {n_cols} to {padded} columns, past "
+                         f"{MAX_INDEX} (the kernels index in 32 bits)")
 
 
 @dataclass(eq=False)
@@ -220,15 +297,27 @@ class NMMatrix:
         vec: int,
         shape: tuple[int, int],
         dtype: DType | str | None = None,
+        layout: str | None = None,
     ) -> NMMatrix:
         """Build from given ``values`` (``W×N``) and ``indices`` (``W×⌈N/L⌉``), validated.
         The values keep their dtype (float32, bfloat16 or float16; any other real dtype
         becomes float32) unless ``dtype`` says otherwise.
 
+        ``layout="kn"``: as above, ``shape`` is ``(K, N)`` (a ``SparseLinear``'s buffers are
+        so, with ``N`` its output features). ``layout="nk"``: everything transposed, the
+        PyTorch ``[out, in]`` way: ``values`` ``N×W``, ``indices`` ``⌈N/L⌉×W``, ``shape``
+        ``(N, K)``. Required where ``values`` or ``indices`` is a PyTorch tensor (the
+        module docstring's layout rule); ``"kn"`` otherwise.
+
         Refused, as each would be silently lost or misread otherwise:
+
+        - a PyTorch ``values`` or ``indices`` without ``layout``: a square weight would be
+          read as its transpose.
 
         - ``shape`` not two integers, or ``K`` or ``N`` < 1: there is nothing to multiply.
         - ``vec`` not a positive integer (a bool included): ``True`` is not a length.
+        - ``K`` or ``N`` past 2**31 - 1, or ``vec`` past ``max(N, MAX_VEC_PAST_N)``: the
+          kernels index in 32 bits, and a vector past ``N`` holds only zeros.
         - a ``pattern`` tuple of non-integers: ``(2.7, 4)`` would be truncated to 2:4.
         - complex ``values`` (TypeError): the imaginary part would be dropped.
         - non-numeric ``values`` (bool, object, str; TypeError): not weights.
@@ -243,16 +332,20 @@ class NMMatrix:
           (only where it has fewer): the value would vanish from every product.
         """
         pat = Pattern.parse(pattern)
-        if len(shape) != 2 or not all(_is_int(s) for s in shape):
+        layout = _layout(layout, values, indices)
+        if not isinstance(shape, (tuple, list)) or len(shape) != 2 \
+                or not all(_is_int(s) for s in shape):
             raise ValueError(f"shape {shape!r}: expected (K, N), two integers")
-        k, n_cols = (int(s) for s in shape)
-        vec = _check_vec(vec)
+        k, n_cols = (int(s) for s in (shape if layout == "kn" else shape[::-1]))
+        vec = check_vec(vec)
         _check_shape(k, n_cols)
+        check_width(vec, n_cols)
         w_rows = _ceil_div(k, pat.m) * pat.n
         groups = _ceil_div(n_cols, vec)
-        host_values = to_numpy(values)
+        host_values, idx = to_numpy(values), to_numpy(indices)
+        if layout == "nk":
+            host_values, idx = _transposed(host_values, "values"), _transposed(idx, "indices")
         vals = _as_values(host_values, dtype, "values")
-        idx = to_numpy(indices)
         if vals.shape != (w_rows, n_cols):
             raise ValueError(
                 f"values has shape {vals.shape}; pattern {pat} with K={k}, N={n_cols} "
@@ -333,12 +426,23 @@ class NMMatrix:
                 f"dtype={self.dtype.value})")
 
 
-def _check_vec(vec: int) -> int:
-    """``vec`` as a Python int, refused unless a positive (Python or NumPy) integer."""
+def _transposed(array: np.ndarray, what: str) -> np.ndarray:
+    if array.ndim != 2:
+        raise ValueError(f"{what} has shape {array.shape}: expected 2-D")
+    return array.T
+
+
+def check_vec(vec: int) -> int:
+    """``vec`` as a Python int, refused unless a positive (Python or NumPy) integer that
+    the kernels' 32-bit ints hold."""
     if not _is_int(vec) or vec < 1:
         what = " (a bool is not a length)" if isinstance(vec, (bool, np.bool_)) else ""
         raise ValueError(f"vec {vec!r}: the vector length L must be a positive integer{what}")
+    if vec > MAX_INDEX:
+        raise ValueError(f"vec {vec}: the vector length L must be at most {MAX_INDEX} (the "
+                         "kernels hold it in a 32-bit int)")
     return int(vec)
+
 
 
 def _validate_indices(idx: np.ndarray, pat: Pattern) -> None:
@@ -393,21 +497,28 @@ def prune(
     w: Any,
     pattern: str | tuple[int, int] | Pattern,
     vec: int,
-    layout: str = "kn",
+    layout: str | None = None,
     dtype: DType | str | None = None,
 ) -> NMMatrix:
     """Prune a dense weight to vector-wise N:M, keeping the largest-L2-norm row vectors.
 
     ``layout="kn"``: ``w`` is ``K×N`` (``y = x @ w``). ``layout="nk"``: ``w`` is a
     PyTorch ``nn.Linear.weight`` ``[out, in] = [N, K]`` (``y = x @ w.T``); it is
-    transposed here so that the result multiplies as ``x @ B`` either way. The values
+    transposed here so that the result multiplies as ``x @ B`` either way. A PyTorch
+    tensor must say which (no default: a square ``[out, in]`` weight taken as ``K×N``
+    would multiply as its transpose, without an error); a NumPy or CuPy array is ``K×N``
+    unless ``layout`` says otherwise. The values
     keep ``w``'s dtype where it is float32, bfloat16 or float16 (others become float32),
     or take ``dtype``; the norms are computed in float64. Ties go to the lower row.
 
     Refused, as each would be silently lost or misread otherwise:
 
+    - a PyTorch ``w`` without ``layout``, or a ``layout`` other than ``"kn"`` and ``"nk"``.
     - ``w`` not 2-D, or ``K`` or ``N`` < 1: there is nothing to prune.
     - ``vec`` not a positive integer (a bool included): ``True`` is not a length.
+    - ``K`` or ``N`` past 2**31 - 1, or ``vec`` past ``max(N, MAX_VEC_PAST_N)``: the
+      kernels index in 32 bits, and a vector past ``N`` holds only zeros (gigabytes of
+      them for ``vec=10**9``).
     - a ``pattern`` tuple of non-integers: ``(2.7, 4)`` would be truncated to 2:4.
     - a complex ``w`` (TypeError): the imaginary part would be dropped.
     - a non-numeric ``w`` (bool, object, str; TypeError): not a weight.
@@ -415,15 +526,15 @@ def prune(
     - values beyond the range of the values' dtype: they would become inf.
     """
     pat = Pattern.parse(pattern)
-    vec = _check_vec(vec)
+    vec = check_vec(vec)
+    layout = _layout(layout, w)
     dense = to_numpy(w)
     if dense.ndim != 2:
         raise ValueError(f"weight must be 2-D, got shape {dense.shape}")
     if layout == "nk":
         dense = dense.T
-    elif layout != "kn":
-        raise ValueError(f"layout {layout!r}: expected 'kn' (K×N) or 'nk' (PyTorch [out, in])")
     _check_shape(*dense.shape)
+    check_width(vec, dense.shape[1])
     dense = _as_values(dense, dtype, "weight")
     k, n_cols = dense.shape
     windows, groups = _ceil_div(k, pat.m), _ceil_div(n_cols, vec)
@@ -451,7 +562,11 @@ def reference(a: Any, b: NMMatrix, bias: Any = None,
     ``a`` is ``M×K`` (NumPy, CuPy or PyTorch). With a CuPy array the product runs on the
     GPU in float64 and a CuPy array comes back; otherwise NumPy.
     """
+    if not isinstance(b, NMMatrix):
+        raise TypeError(f"b must be an nmgen.NMMatrix (see nmgen.prune), got "
+                        f"{type(b).__name__}")
     xp = array_module(a)
+    _check_real(a, "a")
     a64 = _float64(a, xp)
     if a64.ndim != 2 or a64.shape[1] != b.shape[0]:
         raise ValueError(f"a has shape {tuple(a64.shape)}; b is {b.shape[0]}×{b.shape[1]}")
@@ -465,9 +580,19 @@ def reference(a: Any, b: NMMatrix, bias: Any = None,
         cols = slice(q * b.vec, (q + 1) * b.vec)
         out[:, cols] = gathered @ values[xp.asarray(np.nonzero(live)[0]), cols]
     out = out[:, : b.shape[1]]
-    if bias is not None and tuple(bias.shape) != (b.shape[1],):
-        raise ValueError(f"bias has shape {tuple(bias.shape)}; b has {b.shape[1]} columns")
-    return apply_reference(out, None if bias is None else _float64(bias, xp), activation)
+    if bias is not None:
+        _check_real(bias, "bias")
+        bias = _float64(bias, xp)
+        if tuple(bias.shape) != (b.shape[1],):
+            raise ValueError(f"bias has shape {tuple(bias.shape)}; b has {b.shape[1]} columns")
+    return apply_reference(out, bias, activation)
+
+
+def _check_real(x: Any, what: str) -> None:
+    """Refuse a complex operand: float64 would drop its imaginary part."""
+    if (x.is_complex() if is_torch(x) else np.iscomplexobj(x)):
+        raise TypeError(f"{what} is complex: the product is real; pass its .real if the "
+                        "imaginary part is meant to go")
 
 
 def _float64(x: Any, xp: Any) -> Any:

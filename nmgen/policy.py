@@ -11,8 +11,14 @@ from sqlalchemy.engine import Engine
 
 from .families.base import Config
 from .families.registry import by_generator, config_from_dict
-from .problem import Problem
-from .store.records import ProblemKey, all_problems, family_times, shape_times
+from .store.records import (
+    ProblemKey,
+    all_problems,
+    family_times,
+    other_gpus_of,
+    other_gpus_times,
+    shape_times,
+)
 from .store.tables import TrialStatus
 
 # The reference kernel, timed on every shape and again beside the finalists, wins where it
@@ -40,20 +46,12 @@ def pick_winner(times: list[tuple[float, str]], reference: str | None) -> tuple[
     return fastest
 
 
-def problem_of(key: ProblemKey) -> Problem | None:
-    """The key's problem, less its shape (``None`` for an arch or layout unknown here)."""
-    try:
-        return Problem(key.n, key.m, key.vec, key.a_layout, key.arch, key.dtype)
-    except ValueError:
-        return None
-
-
 def reference_name(key: ProblemKey) -> str | None:
     """The name of the reference kernel of the family that tuned ``key``, if any."""
-    family, problem = by_generator(key.template_hash), problem_of(key)
-    if family is None or problem is None:
+    family = by_generator(key.template_hash)
+    if family is None:
         return None
-    config = family.reference_config(problem)
+    config = family.reference_config(key.problem)
     return config.name if config is not None else None
 
 
@@ -95,14 +93,61 @@ def related_records(engine: Engine, key: ProblemKey, top: int = 3,
     out = []
     times = family_times(engine, key, status, any_cuda, other_patterns)
     for (n, m, vec, shape), trials in sorted(times.items()):
-        related = replace(key, n=n, m=m, vec=vec, rows=shape[0], cols=shape[1],
-                          depth=shape[2])
+        related = key.at(replace(key.problem, n=n, m=m, vec=vec), shape)
         times = [(t, name) for t, name, _ in trials]
         time_ms, winner = pick_winner(times, reference_name(related))
         params = {name: p for _, name, p in trials}
         ordered = [winner] + [name for _, name in sorted(times) if name != winner]
         configs = tuple(config_from_dict(params[name]) for name in ordered[:top])
         out.append(RelatedRecord(n, m, vec, shape, configs, time_ms))
+    return out
+
+
+@dataclass(frozen=True)
+class OtherGpuRecord:
+    """A tuned shape of a problem on another GPU: its key (that GPU, its arch, the
+    shape) and its winner and next fastest correct configurations with their times,
+    winner first."""
+
+    key: ProblemKey
+    trials: tuple[tuple[Config, float], ...]
+
+
+def other_gpu_records(engine: Engine, key: ProblemKey, top: int = 4,
+                      status: str = TrialStatus.OK) -> list[OtherGpuRecord]:
+    """Every tuned shape of ``key``'s problem (pattern, vector length, dtype, A layout;
+    ``key``'s generator) on GPUs other than ``key``'s, of any arch this nmgen knows: its
+    winner (as ``best_per_problem`` picks it) and its ``top - 1`` next fastest trials."""
+    out = []
+    times = other_gpus_times(engine, key, status)
+    for (device, arch, shape), trials in sorted(times.items(), key=lambda kv: (
+            kv[0][0].gpu, kv[0][1], kv[0][2])):
+        try:
+            other = ProblemKey.of(replace(key.problem, arch=arch), shape, device,
+                                  key.template_hash)
+            params = {name: config_from_dict(p) for _, name, p in trials}
+        except ValueError:  # an arch or configuration this nmgen does not know
+            continue
+        ordered = sorted((t, name) for t, name, _ in trials)
+        time_ms, winner = pick_winner(ordered, reference_name(other))
+        ranked = [(time_ms, winner)] + [(t, n) for t, n in ordered if n != winner]
+        out.append(OtherGpuRecord(other, tuple((params[n], t) for t, n in ranked[:top])))
+    return out
+
+
+def other_gpus_related(engine: Engine, key: ProblemKey, top: int = 3
+                       ) -> dict[ProblemKey, list[RelatedRecord]]:
+    """For every GPU other than ``key``'s, of an arch this nmgen knows, that holds
+    problems of ``key``'s generator, dtype and A layout: ``key``'s problem and shape on
+    that GPU (and its arch), with its tuned problems (``related_records``)."""
+    out = {}
+    for device, arch in other_gpus_of(engine, key):
+        try:
+            other = ProblemKey.of(replace(key.problem, arch=arch), key.shape, device,
+                                  key.template_hash)
+        except ValueError:
+            continue
+        out[other] = related_records(engine, other, top)
     return out
 
 

@@ -16,7 +16,7 @@ class ShapeFileError(ValueError):
 
 def read_shapes(path: str | Path) -> list[tuple[int, int, int]]:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is no text
     except UnicodeDecodeError as exc:
         raise ShapeFileError(f"{path}: not a UTF-8 text file ({exc.reason} at byte "
                              f"{exc.start})") from None

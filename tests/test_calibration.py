@@ -19,14 +19,14 @@ from nmgen.families.mma import MMA
 from nmgen.gpus import gpu_spec
 from nmgen.problem import Problem
 from nmgen.store.database import connect, shipped_db
-from nmgen.store.records import ProblemKey
+from nmgen.store.records import DeviceKey, ProblemKey
 
 GPU = gpu_spec("h100")
 
 
 def key_of(family, dtype="f32", gpu="h100") -> ProblemKey:
-    return ProblemKey(gpu, "", "sm_90", 0, 0, family.generator_hash(), 8, 32, 32, dtype,
-                      "rm", 1, 1, 1)
+    return ProblemKey.of(Problem(8, 32, 32, dtype=dtype), (1, 1, 1), DeviceKey(gpu, "", 0, 0),
+                         family)
 
 
 def synthetic(count: int) -> list[Sample]:

@@ -17,7 +17,7 @@ from nmgen.families.f32_simt.space import core_config
 from nmgen.policy import best_per_problem
 from nmgen.problem import Problem
 from nmgen.store.database import connect
-from nmgen.store.records import ProblemKey, record_trial, trials_of
+from nmgen.store.records import DeviceKey, ProblemKey, record_trial, trials_of
 from nmgen.store.tables import TrialStatus
 from nmgen.tune.carry import carry, render_hashes
 
@@ -43,9 +43,8 @@ def carry_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def key(generator: str) -> ProblemKey:
-    return ProblemKey(gpu="h100", device_name="NVIDIA H100 80GB HBM3", arch="sm_90",
-                      cuda_version=13000, sms=132, template_hash=generator, n=8, m=32, vec=32,
-                      dtype="f32", a_layout="km", rows=256, cols=4096, depth=4096)
+    return ProblemKey.of(Problem(8, 32, 32, "km"), (256, 4096, 4096),
+                         DeviceKey("h100", "NVIDIA H100 80GB HBM3", 13000, 132), generator)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +88,7 @@ def test_carry_of_some_patterns_leaves_the_rest_for_later(older_tree, tmp_path):
     older generator until a later carry from the same tree."""
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
     old = old_generator(older_tree)
-    other = dataclasses.replace(key(old), n=16)
+    other = key(old).at(dataclasses.replace(key(old).problem, n=16), key(old).shape)
     record_trial(connect(url), key(old), UNSPLIT, old, TrialStatus.OK, time_ms=2.0)
     record_trial(connect(url), other, UNSPLIT.replace(n=16), old, TrialStatus.OK, time_ms=3.0)
 
@@ -127,9 +126,8 @@ def test_carry_from_the_command_line(older_tree, tmp_path):
 
 def model_key(generator: str, rows: int = 256) -> ProblemKey:
     """A dry run's problem (the model's estimates under a GPU row of their own)."""
-    return ProblemKey(gpu="h100", device_name="model:h100", arch="sm_90", cuda_version=0,
-                      sms=132, template_hash=generator, n=8, m=32, vec=32, dtype="f32",
-                      a_layout="km", rows=rows, cols=4096, depth=4096)
+    return ProblemKey.of(Problem(8, 32, 32, "km"), (rows, 4096, 4096),
+                         DeviceKey("h100", "model:h100", 0, 132), generator)
 
 
 def test_carry_lists_changed_finalists_and_remeasure_times_them(older_tree, tmp_path):
@@ -214,10 +212,9 @@ def test_carry_remeasure_on_the_gpu(older_tree, tmp_path):
     spec = gpu_spec(gpu_of_device_name(info.name))
 
     def gpu_key(generator: str) -> ProblemKey:
-        return ProblemKey(gpu=spec.name, device_name=info.name, arch=spec.arch.value,
-                          cuda_version=info.cuda_version, sms=spec.sms,
-                          template_hash=generator, n=8, m=32, vec=32, dtype="f32",
-                          a_layout="km", rows=100, cols=512, depth=1024)
+        return ProblemKey.of(Problem(8, 32, 32, "km", spec.arch), (100, 512, 1024),
+                             DeviceKey(spec.name, info.name, info.cuda_version, spec.sms),
+                             generator)
 
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
     old = old_generator(older_tree)

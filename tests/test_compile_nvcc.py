@@ -10,7 +10,7 @@ import random
 import pytest
 
 import nmgen
-from nmgen.build.nvcc import compile_with_nvcc, parse_ptxas_report
+from nmgen.compiler.nvcc import compile_with_nvcc, parse_ptxas_report
 from nmgen.families.f32_simt.config import ATile
 from nmgen.families.f32_simt.model import min_blocks_per_sm, register_budget
 from nmgen.families.f32_simt.space import SPACE

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import nmgen
@@ -12,14 +14,13 @@ from nmgen.policy import best_per_problem, summary
 from nmgen.problem import ALayout, Problem
 from nmgen.runtime.device import DeviceInfo
 from nmgen.store.database import connect
-from nmgen.store.records import ProblemKey, record_trial
+from nmgen.store.records import DeviceKey, ProblemKey, record_trial
 from nmgen.store.tables import TrialStatus
 
 H100 = DeviceInfo("NVIDIA H100 80GB HBM3", 132, 9, 0, 13000)
-KEY = ProblemKey(gpu="h100", device_name=H100.name, arch="sm_90", cuda_version=13000,
-                 sms=132, template_hash=F32_SIMT.generator_hash(), n=8, m=32, vec=32,
-                 dtype="f32", a_layout="rm", rows=1024, cols=4096, depth=4096)
 PROBLEM = Problem(8, 32, 32)
+KEY = ProblemKey.of(PROBLEM, (1024, 4096, 4096), DeviceKey("h100", H100.name, 13000, 132),
+                    F32_SIMT)
 FAST = nmgen.KernelConfig(8, 32, 32, 128, 256, 64, 8, 8, a_tile="tm")
 SLOW = nmgen.KernelConfig(8, 32, 32, 64, 128, 32, 8, 4, warp_m=4, warp_n=8)
 
@@ -67,7 +68,7 @@ def test_the_reference_kernel_wins_within_timing_noise(tmp_path):
     engine = connect(f"sqlite:///{tmp_path / 'tuned.db'}")
     core = F32_SIMT.reference_config(PROBLEM)
     near = KEY  # the core kernel half the tie band behind the fastest: it wins
-    far = KEY.__class__(**{**KEY.__dict__, "rows": 2048})  # twice the band behind: it loses
+    far = KEY.at(PROBLEM, (2048, 4096, 4096))  # twice the band behind: it loses
     for key, behind in ((near, CORE_TIE / 2), (far, 2 * CORE_TIE)):
         record_trial(engine, key, FAST, "h", TrialStatus.OK, time_ms=1.0)
         record_trial(engine, key, core, "h", TrialStatus.OK, time_ms=1.0 + behind)
@@ -81,8 +82,9 @@ def test_the_reference_kernel_wins_within_timing_noise(tmp_path):
 
 def test_records_of_another_gpu_or_template_do_not_match(db):
     engine = connect(db)
-    assert best_per_problem(engine, KEY.__class__(**{**KEY.__dict__, "gpu": "a100"})) == {}
-    other_template = KEY.__class__(**{**KEY.__dict__, "template_hash": "u" * 64})
+    assert best_per_problem(engine, ProblemKey.of(
+        PROBLEM, KEY.shape, dataclasses.replace(KEY.device, gpu="a100"), KEY.template_hash)) == {}
+    other_template = ProblemKey.of(PROBLEM, KEY.shape, KEY.device, "u" * 64)
     assert best_per_problem(engine, other_template) == {}
 
 

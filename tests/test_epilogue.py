@@ -26,7 +26,7 @@ from nmgen.gpus import Arch
 from nmgen.problem import ALayout, Problem
 from nmgen.runtime.device import DeviceInfo
 from nmgen.store.database import connect
-from nmgen.store.records import ProblemKey, record_trial
+from nmgen.store.records import DeviceKey, ProblemKey, record_trial
 from nmgen.store.tables import TrialStatus
 
 EPILOGUES = [Epilogue(bias, act) for bias in (False, True) for act in Activation
@@ -154,8 +154,8 @@ def test_plans_pass_the_bias_to_the_kernel_that_writes_c():
 # ------------------------------------------------------------------------ dispatch
 def test_dispatch_takes_the_tuned_configuration_with_the_epilogue(tmp_path):
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
-    key = ProblemKey("h100", H100.name, "sm_90", 13000, 132, GEMV.generator_hash(), 8, 32,
-                     128, "bf16", "rm", 1, 4096, 4096)
+    key = ProblemKey.of(Problem(8, 32, 128, dtype="bf16"), (1, 4096, 4096),
+                        DeviceKey("h100", H100.name, 13000, 132), GEMV)
     record_trial(connect(url), key, GEMV_CONFIG, "h", TrialStatus.OK, time_ms=0.02)
     dispatcher = Dispatcher([url], device=H100)
     problem = Problem(8, 32, 128, dtype="bf16")
@@ -178,8 +178,8 @@ def test_dispatch_passes_over_a_family_that_takes_no_epilogue(tmp_path):
     registry.register(NAIVE)
     try:
         url = f"sqlite:///{tmp_path / 'tuned.db'}"
-        key = ProblemKey("h100", H100.name, "sm_90", 13000, 132, NAIVE.generator_hash(), 2,
-                         4, 8, "f32", "rm", 96, 80, 72)
+        key = ProblemKey.of(Problem(2, 4, 8), (96, 80, 72),
+                            DeviceKey("h100", H100.name, 13000, 132), NAIVE)
         record_trial(connect(url), key, NaiveConfig(2, 4, 8, 128, 2), "h", TrialStatus.OK,
                      time_ms=0.01)
         dispatcher = Dispatcher([url], device=H100)
@@ -233,7 +233,7 @@ def nvcc_variants() -> list:
 @pytest.mark.nvcc
 @pytest.mark.parametrize("config", nvcc_variants(), ids=lambda c: c.name)
 def test_epilogue_variants_compile_without_spills(config):
-    from nmgen.build.nvcc import compile_with_nvcc
+    from nmgen.compiler.nvcc import compile_with_nvcc
 
     compiled = compile_with_nvcc(nmgen.render(config))
     assert set(registry.family_of(config).entry_points(config)) <= set(compiled.resources), \

@@ -19,7 +19,7 @@ from nmgen.runtime.device import DeviceInfo
 from nmgen.store.database import connect
 from nmgen.store.tables import TrialStatus
 from nmgen.tune.measurers import Measurer
-from nmgen.tune.studies import open_storage
+from nmgen.tune.storage import open_storage
 from nmgen.tune.task import TuneTask
 from nmgen.tune.tuner import Tuner
 
@@ -131,7 +131,7 @@ def test_family_plan_is_plain_data(naive):
 
 @pytest.mark.nvcc
 def test_family_compiles_with_nvcc():
-    from nmgen.build.nvcc import compile_with_nvcc
+    from nmgen.compiler.nvcc import compile_with_nvcc
 
     registry.register(NAIVE)
     try:

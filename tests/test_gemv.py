@@ -19,7 +19,7 @@ from nmgen.gpus import gpu_spec
 from nmgen.problem import ALayout, Problem
 from nmgen.runtime.device import DeviceInfo
 from nmgen.store.database import connect
-from nmgen.store.records import ProblemKey, record_trial
+from nmgen.store.records import DeviceKey, ProblemKey, record_trial
 from nmgen.store.tables import TrialStatus
 
 H100 = gpu_spec("h100")
@@ -229,7 +229,7 @@ def test_plan_is_plain_data_with_the_split_summed_in_one_launch():
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
 @pytest.mark.parametrize("layout", list(ALayout))
 def test_every_dtype_and_layout_compiles_without_spills(dtype, layout):
-    from nmgen.build.nvcc import compile_with_nvcc
+    from nmgen.compiler.nvcc import compile_with_nvcc
 
     rng = random.Random(f"{dtype}-{layout.value}")
     for _ in range(2):
@@ -250,7 +250,7 @@ def test_every_dtype_and_layout_compiles_without_spills(dtype, layout):
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
 @pytest.mark.parametrize("layout", list(ALayout))
 def test_prefetch_compiles_without_spills_for_every_dtype_and_layout(prefetch, dtype, layout):
-    from nmgen.build.nvcc import compile_with_nvcc
+    from nmgen.compiler.nvcc import compile_with_nvcc
 
     config = GemvConfig(8, 32, 128, rows=2, col_threads=64, lanes=2, cols=16 // 4, unroll=4,
                         split_k=4, prefetch=prefetch, a_layout=layout, dtype=dtype)
@@ -275,8 +275,8 @@ def test_dispatch_takes_each_family_where_its_records_are(tmp_path):
                        split_k=8)
     large = F32_SIMT.reference_config(problem)
     for family, config, rows, ms in ((GEMV, small, 1, 0.02), (F32_SIMT, large, 1024, 0.5)):
-        key = ProblemKey("h100", device.name, "sm_90", 13000, 132, family.generator_hash(),
-                         8, 32, 32, "f32", "rm", rows, 4096, 4096)
+        key = ProblemKey.of(problem, (rows, 4096, 4096),
+                            DeviceKey("h100", device.name, 13000, 132), family)
         record_trial(engine, key, config, "h", TrialStatus.OK, time_ms=ms)
     dispatcher = Dispatcher([url], device=device)
     assert dispatcher.decide(problem, (1, 4096, 4096)).config == small
@@ -294,8 +294,8 @@ def test_decode_records_are_not_stretched_to_prefill(tmp_path):
     problem = Problem(8, 32, 128, dtype="bf16")
     decode = GemvConfig(8, 32, 128, rows=16, col_threads=64, lanes=4, cols=8, unroll=8,
                         split_k=4, dtype="bf16")
-    key = ProblemKey("h100", device.name, "sm_90", 13000, 132, GEMV.generator_hash(),
-                     8, 32, 128, "bf16", "rm", 64, 4096, 4096)
+    key = ProblemKey.of(problem, (64, 4096, 4096), DeviceKey("h100", device.name, 13000, 132),
+                        GEMV)
     record_trial(engine, key, decode, "h", TrialStatus.OK, time_ms=0.02)
     dispatcher = Dispatcher([url], device=device)
     assert dispatcher.decide(problem, (32, 4096, 4096)).config == decode

@@ -8,21 +8,18 @@ poisoned with NaN."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
-from nmgen.build.pool import precompile
 from nmgen.families.gemv.config import GemvConfig
 from nmgen.runtime.check import tolerance
 from nmgen.runtime.launch import Kernel
 
+from .gpu_suite import SEED, compile_ahead
 from .test_epilogue_gpu import float64, make_a
 
 pytestmark = pytest.mark.gpu
 
-SEED = int.from_bytes(os.urandom(4), "little")  # fresh every run; printed on failure
 WITHOUT_PREFETCH = [
     GemvConfig(8, 32, 128, rows=1, col_threads=128, lanes=2, cols=8, unroll=8, split_k=8,
                dtype="bf16"),
@@ -63,8 +60,7 @@ def test_prefetch_and_wide_sum_match_float64_and_the_kernel_without_them(gpu_cas
 
     from nmgen.runtime.check import random_weight
 
-    assert not precompile([c for pair in PAIRS for c in pair],
-                          workers=min(16, os.cpu_count() or 1))
+    assert not compile_ahead([c for pair in PAIRS for c in pair])
     rng = np.random.default_rng(SEED)
     wrong = []
     for plain, ahead in PAIRS:

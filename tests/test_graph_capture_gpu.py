@@ -9,8 +9,6 @@ written by a replay.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -18,10 +16,11 @@ import nmgen
 from nmgen.families.f32_simt.copy_plan import copy_chunk_rows
 from nmgen.runtime.device import device_info, operand
 
+from .gpu_suite import SEED
+
 pytestmark = pytest.mark.gpu
 
 RTOL = 1e-5
-SEED = int.from_bytes(os.urandom(4), "little")
 SENTINEL = 12345.0
 
 # name -> (configuration, M, K, N): every path that takes a workspace, and one that does not

@@ -7,7 +7,6 @@ Every case draws a configuration, pattern and shape at random (odd K and N, M in
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import replace
 
@@ -19,6 +18,8 @@ from nmgen.families.f32_simt import F32_SIMT
 from nmgen.families.f32_simt.copy_plan import copy_chunk_rows
 from nmgen.problem import ALayout, Problem
 
+from .gpu_suite import SEED
+
 pytestmark = pytest.mark.gpu
 
 PATTERNS = [(2, 4), (1, 4), (2, 8), (4, 8), (4, 16), (8, 16), (16, 32), (12, 32), (8, 32),
@@ -28,7 +29,6 @@ M_EDGES = [1, 3, 17, 255, 1000]
 CONFIGS = 64
 SHAPES_PER_CONFIG = 5
 RTOL = 1e-5
-SEED = int.from_bytes(os.urandom(4), "little")  # fresh every run; printed on failure
 
 
 def relative_error(out, ref) -> float:
@@ -76,13 +76,19 @@ def check_shapes(kernel: nmgen.Kernel, shapes, gpu_cases) -> None:
 EDGES = [(m, 333, 257) for m in M_EDGES]  # the M edges, odd K and N
 
 
-@pytest.mark.parametrize("case", range(CONFIGS))
-def test_random_config_matches_reference(case, gpu_cases):
+def random_config(case: int) -> tuple[nmgen.KernelConfig, random.Random]:
+    """Case ``case``'s configuration, and the generator that then draws its shapes (the
+    GPU suite compiles the configurations ahead: ``tests/gpu_suite.py``)."""
     pick = random.Random(SEED * 1000 + case)
-    rng = np.random.default_rng(SEED * 1000 + case)
     n, m = pick.choice(PATTERNS)
     problem = Problem(n, m, pick.choice(VECS), a_layout=pick.choice(list(ALayout)))
-    config = F32_SIMT.space.sample(problem, pick)
+    return F32_SIMT.space.sample(problem, pick), pick
+
+
+@pytest.mark.parametrize("case", range(CONFIGS))
+def test_random_config_matches_reference(case, gpu_cases):
+    config, pick = random_config(case)
+    rng = np.random.default_rng(SEED * 1000 + case)
     kernel = nmgen.Kernel(config)
     for i in range(SHAPES_PER_CONFIG):
         m_rows = M_EDGES[(case + i) % len(M_EDGES)] if i < 3 else pick.randint(1, 300)

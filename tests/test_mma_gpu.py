@@ -11,13 +11,11 @@ the FP32 accumulation of K products (4096 adds 1e-3).
 
 from __future__ import annotations
 
-import os
 import random
 
 import numpy as np
 import pytest
 
-from nmgen.build.pool import precompile
 from nmgen.dispatch import Dispatcher
 from nmgen.epilogue import apply_reference
 from nmgen.families.mma import MMA
@@ -29,6 +27,8 @@ from nmgen.runtime.check import device_array, random_weight
 from nmgen.runtime.device import device_info
 from nmgen.runtime.launch import Kernel
 
+from .gpu_suite import SEED, compile_ahead
+
 pytestmark = pytest.mark.gpu
 
 PATTERNS = [(2, 4), (1, 4), (2, 8), (4, 32), (8, 32), (16, 32), (16, 64), (4, 16), (3, 7)]
@@ -38,7 +38,6 @@ CONFIGS = 28
 SHAPES_PER_CONFIG = 11
 M_EDGES = (1, 17, 100)
 MAX_SIZE = 600
-SEED = int.from_bytes(os.urandom(4), "little")  # fresh every run; printed on failure
 
 
 def tolerance(dtype: DType, depth: int) -> float:
@@ -126,7 +125,7 @@ def draw_shapes(rng: random.Random, config: MmaConfig) -> list[tuple[int, int, i
 def test_random_configurations_and_shapes_match_float64(gpu_cases):
     rng = random.Random(SEED)
     configs = draw_configs(rng, CONFIGS)
-    assert not precompile(configs, workers=min(16, os.cpu_count() or 1))
+    assert not compile_ahead(configs)
     wrong = []
     for config in configs:
         kernel = Kernel(config)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import nmgen
-from nmgen.families.f32_simt.family import enumeration
+from nmgen.families.base import enumeration
+from nmgen.families.f32_simt import F32_SIMT
 from nmgen.families.f32_simt.model import estimate, feasible, rank, register_budget
 from nmgen.families.f32_simt.space import SPACE
 from nmgen.families.space import ConfigError
@@ -123,7 +124,7 @@ def test_unaligned_a_copies_slow_cp_async_kernels_on_k_major_a():
 
 
 def test_rank_is_deterministic_and_feasible():
-    configs = list(enumeration(Problem(8, 32, 32), SPACE))
+    configs = list(enumeration(F32_SIMT, Problem(8, 32, 32), SPACE))
     ranked = rank(configs, GPUS["h100"], 1024, 4096, 4096)
     assert ranked == rank(list(reversed(configs)), GPUS["h100"], 1024, 4096, 4096)
     assert all(feasible(c, GPUS["h100"]) is None for _, c in ranked)
@@ -157,7 +158,7 @@ def _valid(name: str) -> bool:
 def test_register_estimate_tracks_ptxas(seed):
     """ptxas stays within the budget the estimate implies (launch bounds), no spills, and
     the estimate is not wildly above what ptxas needs."""
-    from nmgen.build.nvcc import compile_with_nvcc
+    from nmgen.compiler.nvcc import compile_with_nvcc
 
     rng = random.Random(seed)
     problem = Problem(*rng.choice([(2, 4), (8, 32), (4, 16)]), rng.choice([8, 32]),

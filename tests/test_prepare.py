@@ -9,7 +9,7 @@ import pytest
 
 import nmgen
 from nmgen.families.f32_simt import F32_SIMT
-from nmgen.families.f32_simt.prepare import prepare_layout
+from nmgen.families.f32_simt.prepare import prepare as prepare_layout
 from nmgen.problem import Problem
 
 

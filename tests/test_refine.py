@@ -10,8 +10,9 @@ import sys
 
 import nmgen
 from nmgen.families.f32_simt import F32_SIMT
+from nmgen.problem import Problem
 from nmgen.store.database import connect
-from nmgen.store.records import ProblemKey, record_trial, trials_of
+from nmgen.store.records import DeviceKey, ProblemKey, record_trial, trials_of
 from nmgen.store.tables import TrialStatus
 from nmgen.tune.refine import refinement_candidates
 
@@ -26,9 +27,8 @@ WHOLE = nmgen.KernelConfig(16, 32, 32, 128, 256, 64, 16, 8, a_layout="km")
 
 
 def key(rows: int, cols: int, depth: int) -> ProblemKey:
-    return ProblemKey(gpu="h100", device_name="model:h100", arch="sm_90", cuda_version=0,
-                      sms=132, template_hash=template_hash(), n=16, m=32, vec=32,
-                      dtype="f32", a_layout="km", rows=rows, cols=cols, depth=depth)
+    return ProblemKey.of(Problem(16, 32, 32, "km"), (rows, cols, depth),
+                         DeviceKey("h100", "model:h100", 0, 132), template_hash())
 
 
 def test_twin_folds_split_and_slices_back():
@@ -81,7 +81,6 @@ def test_stream_k_grid_shares_out_the_last_two_waves():
 def test_gemv_wide_sums_are_proposed_for_one_family_at_no_expected_loss(tmp_path):
     """The model does not tell the wide sum from its twin: proposed at --min-gain 0, for
     split-K winners only, and --family keeps the FP32 family's twins out."""
-    from dataclasses import replace
 
     from nmgen.families.gemv import GEMV
     from nmgen.families.gemv.config import GemvConfig
@@ -90,9 +89,9 @@ def test_gemv_wide_sums_are_proposed_for_one_family_at_no_expected_loss(tmp_path
     record_trial(engine, key(1024, 6656, 6656), PARTIAL, template_hash(), TrialStatus.MODEL, 1.0)
     split = GemvConfig(16, 32, 32, rows=1, col_threads=64, lanes=2, cols=4, unroll=8,
                        split_k=16)
-    decode = replace(key(1, 4096, 4096), template_hash=GEMV.generator_hash())
+    decode = ProblemKey.of(Problem(16, 32, 32, "km"), (1, 4096, 4096), key(1, 1, 1).device, GEMV)
     record_trial(engine, decode, split, GEMV.generator_hash(), TrialStatus.MODEL, 1.0)
-    record_trial(engine, replace(decode, depth=2048), split.replace(split_k=1),
+    record_trial(engine, decode.at(decode.problem, (1, 4096, 2048)), split.replace(split_k=1),
                  GEMV.generator_hash(), TrialStatus.MODEL, 1.0)
     assert refinement_candidates(engine) == {key(1024, 6656, 6656):
                                              [PARTIAL.replace(stream_k=True)]}

@@ -23,8 +23,8 @@ from nmgen.tune.replay import (
     replay,
     search_space,
 )
+from nmgen.tune.seeds import model_seeds
 from nmgen.tune.task import TuneTask
-from nmgen.tune.tuner import model_seeds
 
 SHAPE = (512, 2048, 2048)
 TASK = TuneTask.of(gpu_spec("h100"), F32_SIMT, 8, 32, 32, ALayout.K_MAJOR, SHAPE)

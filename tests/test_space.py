@@ -11,8 +11,8 @@ from pathlib import Path
 import optuna
 import pytest
 
+from nmgen.families.base import enumeration
 from nmgen.families.f32_simt import F32_SIMT
-from nmgen.families.f32_simt.family import enumeration
 from nmgen.families.f32_simt.space import CORE_BEST, CORE_SPACE, SPACE, core_config
 from nmgen.families.space import ConfigError, Param, SearchSpace
 from nmgen.gpus import Arch, gpu_spec
@@ -45,7 +45,7 @@ def test_optuna_parameters_are_the_declaration(problem):
     assert choices["a_tile"] == (("tk", "tm", "tr", "tx") if problem.a_layout is
                                  ALayout.ROW_MAJOR else ("tk",))
     assert choices["tma"] == ((False, True) if problem.arch is Arch.SM90 else (False,))
-    for config in enumeration(problem, SPACE)[::97]:
+    for config in enumeration(F32_SIMT, problem, SPACE)[::97]:
         values = SPACE.values_of(config)
         assert all(values[name] in choices[name] for name in choices), config.name
         assert suggest_config(optuna.trial.FixedTrial(values), task) == config
@@ -76,7 +76,7 @@ def test_a_parallel_enumeration_is_the_serial_one(monkeypatch):
 
 
 def test_whole_enumeration_holds_only_valid_distinct_configs():
-    configs = enumeration(Problem(16, 32, 32), SPACE)
+    configs = enumeration(F32_SIMT, Problem(16, 32, 32), SPACE)
     assert len(configs) > 1000
     assert len({c.name for c in configs}) == len(configs)
     assert all(c.smem_bytes <= c.arch.max_smem_per_block for c in configs)
@@ -99,7 +99,7 @@ def test_samples_and_replay_stay_within_the_optuna_parameters(seed):
 
 def test_subspaces_narrow_the_declaration():
     assert all(CORE_SPACE.contains(c) for c in CORE_SPACE.enumerate(SMALL))
-    assert not all(CORE_SPACE.contains(c) for c in enumeration(SMALL, SPACE))
+    assert not all(CORE_SPACE.contains(c) for c in enumeration(F32_SIMT, SMALL, SPACE))
     with pytest.raises(ValueError, match="no parameter"):
         SPACE.narrowed(tiles=(1,))
 
@@ -138,14 +138,14 @@ def test_enumeration_is_kept_on_disk_and_rebuilt_when_unreadable(tmp_path, monke
 
     monkeypatch.setenv("NMGEN_CACHE_DIR", str(tmp_path))
     build = enumeration.__wrapped__  # past the in-process cache
-    fresh = build(SMALL, SPACE)
+    fresh = build(F32_SIMT, SMALL, SPACE)
     path = cache_file("space", ("f32", SMALL, SPACE), F32_SIMT.source_files())
     assert path.is_relative_to(tmp_path) and path.exists()
     assert fresh == tuple(SPACE.enumerate(SMALL))
-    assert build(SMALL, SPACE) == fresh  # read back
+    assert build(F32_SIMT, SMALL, SPACE) == fresh  # read back
     path.write_bytes(b"not a pickle")
-    assert build(SMALL, SPACE) == fresh  # rebuilt, and written again
-    assert build(SMALL, SPACE) == fresh and path.read_bytes() != b"not a pickle"
+    assert build(F32_SIMT, SMALL, SPACE) == fresh  # rebuilt, and written again
+    assert build(F32_SIMT, SMALL, SPACE) == fresh and path.read_bytes() != b"not a pickle"
     other = cache_file("space", ("f32", Problem(2, 4, 16, a_layout=ALayout.K_MAJOR), SPACE),
                        F32_SIMT.source_files())
     assert other != path
@@ -158,7 +158,8 @@ def test_every_family_declares_its_space_once(family):
     enumerated configuration is reachable from them, and values round-trip."""
     dtype = sorted(family.dtypes, key=lambda d: d.value)[-1]
     problem = next(p for p in (Problem(4, 16, 16, dtype=dtype),  # the first it serves
-                               Problem(4, 16, 64, ALayout.K_MAJOR, dtype=dtype))
+                               Problem(4, 16, 64, ALayout.K_MAJOR, dtype=dtype),
+                               Problem(2, 4, 1, dtype=dtype))
                    if family.serves(p) is None)
     task = TuneTask(gpu_spec("h100"), family, problem, 64, 256, 512)
     choices = task.space.choices(problem)

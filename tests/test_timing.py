@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from nmgen.build import nvrtc
-from nmgen.build.nvcc import nvcc_path
-from nmgen.build.pool import AHEAD_NICE, CompilePool
+from nmgen.compiler import nvrtc
+from nmgen.compiler.nvcc import nvcc_path
+from nmgen.compiler.pool import AHEAD_NICE, CompilePool
 from nmgen.runtime import launch, timing
 
 
@@ -33,6 +33,7 @@ def _host_busy(us: float) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_alone  # times the GPU: no other GPU test beside it
 def test_queue_ahead_keeps_host_time_out():
     import cupy as cp
 
@@ -49,6 +50,7 @@ def test_queue_ahead_keeps_host_time_out():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_alone  # times the GPU: no other GPU test beside it
 def test_queue_ahead_keeps_device_time_in():
     import numpy as np
 
@@ -59,6 +61,7 @@ def test_queue_ahead_keeps_device_time_in():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_alone  # times the GPU: no other GPU test beside it
 def test_budget_bounds_the_repeats_of_a_long_kernel():
     import numpy as np
 
@@ -131,7 +134,7 @@ def test_processes_start_before_the_target_is_known(monkeypatch):
     from nmgen.tune.command import start_compile_pool
 
     asked = []
-    monkeypatch.setattr("nmgen.build.pool.compile_arch", lambda: asked.append(1) or "90")
+    monkeypatch.setattr("nmgen.compiler.pool.compile_arch", lambda: asked.append(1) or "90")
     with CompilePool(2, ahead_workers=1) as pool:  # NVRTC's
         pool.start()
         for executor in (pool._executor(), pool._ahead_executor()):
@@ -247,6 +250,7 @@ def test_queued_ahead_but_not_started_compiles_in_the_batch_pool(tmp_path, monke
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_alone  # times the GPU: no other GPU test beside it
 def test_time_in_turns_times_each_alike():
     import numpy as np
 
@@ -308,7 +312,7 @@ def test_ahead_processes_yield_the_cpu_to_the_batch(tmp_path, monkeypatch):
 def _compile_in_pool(arch: str | None, config_json: str) -> tuple[str | None, bool]:
     """Runs in a compile process: a kernel's job as the pool sends it (the target with
     it), then whether the process made a context."""
-    from nmgen.build.pool import _timed
+    from nmgen.compiler.pool import _timed
 
     error = _timed(nvrtc.compile_one, arch, config_json).error
     return error, nvrtc.has_cuda_context()
@@ -320,8 +324,8 @@ def test_compile_processes_fill_the_cache_without_a_cuda_context(tmp_path, monke
     what they compile is then loaded here from CuPy's cache, not compiled again."""
     import cupy as cp
 
-    from nmgen.build.nvrtc import NVRTC_OPTIONS
     from nmgen.codegen import render
+    from nmgen.compiler.nvrtc import NVRTC_OPTIONS
 
     monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
     configs = _configs()[:2]

@@ -23,7 +23,7 @@ from nmgen.problem import ALayout, Problem
 from nmgen.runtime import check
 from nmgen.runtime.device import DeviceInfo
 from nmgen.store.database import connect
-from nmgen.store.records import ProblemKey, record_trial, trials_of
+from nmgen.store.records import DeviceKey, ProblemKey, record_trial, trials_of
 from nmgen.store.tables import TrialStatus
 from nmgen.transfer import MODEL, problem_distance, ranked, transferred
 
@@ -36,8 +36,8 @@ NARROW = nmgen.KernelConfig(16, 32, 32, 64, 128, 128, 8, 8, a_tile="tx")
 
 
 def key_of(family, n, m, vec, shape, dtype="f32", layout="rm") -> ProblemKey:
-    return ProblemKey("h100", H100.name, "sm_90", H100.cuda_version, H100.sms,
-                      family.generator_hash(), n, m, vec, dtype, layout, *shape)
+    return ProblemKey.of(Problem(n, m, vec, layout, dtype=dtype), shape,
+                         DeviceKey("h100", H100.name, H100.cuda_version, H100.sms), family)
 
 
 def record(engine, config, time_ms, shape=SHAPE, family=F32_SIMT, dtype="f32"):

@@ -55,8 +55,9 @@ def test_cross_check_measures_a_neighbours_winner_never_tried(tmp_path):
     from nmgen.runtime.device import device_info
     from nmgen.store.records import record_trial
     from nmgen.tune.measurers import GpuMeasurer
+    from nmgen.tune.seeds import model_seeds
     from nmgen.tune.task import TuneTask
-    from nmgen.tune.tuner import Tuner, model_seeds
+    from nmgen.tune.tuner import Tuner
 
     gpu = GPUS[gpu_of_device_name(device_info().name)]
     url = f"sqlite:///{tmp_path / 'tuned.db'}"

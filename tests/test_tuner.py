@@ -16,15 +16,10 @@ from nmgen.store.database import connect
 from nmgen.store.records import record_trial, trials_of, update_times
 from nmgen.store.tables import TrialStatus
 from nmgen.tune.measurers import INFEASIBLE_MS, ModelMeasurer
-from nmgen.tune.studies import open_storage
+from nmgen.tune.seeds import SEEDS_FROM_MODEL, model_seeds
+from nmgen.tune.storage import open_storage
 from nmgen.tune.task import TuneTask
-from nmgen.tune.tuner import (
-    FINALISTS,
-    SEEDS_FROM_MODEL,
-    Tuner,
-    model_seeds,
-    suggest_config,
-)
+from nmgen.tune.tuner import FINALISTS, Tuner, suggest_config
 
 
 def task_of(gpu: str, n: int, m: int, vec: int, layout: ALayout, *shape: int) -> TuneTask:
@@ -147,6 +142,7 @@ def test_core_kernels_queued_ahead_before_any_ranking(tmp_path, monkeypatch):
     """compile_ahead queues the core kernel of each study before it ranks the space for
     the other seeds (the first ranking takes seconds; the core kernel is the slowest
     seed to compile), and each study's seeds only once."""
+    from nmgen.tune import seeds as seeds_module
     from nmgen.tune import tuner as tuner_module
 
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
@@ -157,13 +153,13 @@ def test_core_kernels_queued_ahead_before_any_ranking(tmp_path, monkeypatch):
     monkeypatch.setattr(tuner_module.GpuMeasurer, "key_of",  # no device here
                         staticmethod(lambda task: ModelMeasurer(task).key))
     ranked_after: list[int] = []  # how many batches were queued when each ranking began
-    real_model_seeds = tuner_module.model_seeds
+    real_model_seeds = seeds_module.model_seeds
 
     def noted_model_seeds(task, count):
         ranked_after.append(len(pool.queued))
         return real_model_seeds(task, count)
 
-    monkeypatch.setattr(tuner_module, "model_seeds", noted_model_seeds)
+    monkeypatch.setattr(seeds_module, "model_seeds", noted_model_seeds)
     tuner.compile_ahead(tasks)
     cores = [core_config(t.problem).name for t in tasks]
     assert pool.queued[0] == cores and min(ranked_after) == 1
@@ -198,7 +194,7 @@ from nmgen.gpus import gpu_spec
 from nmgen.problem import ALayout
 from nmgen.store.database import connect
 from nmgen.tune.measurers import ModelMeasurer
-from nmgen.tune.studies import open_storage
+from nmgen.tune.storage import open_storage
 from nmgen.tune.task import TuneTask
 from nmgen.tune.tuner import Tuner
 
@@ -214,6 +210,7 @@ def test_another_worker_reads_a_studys_seeds_from_the_storage(tmp_path, monkeypa
     import subprocess
     import sys
 
+    from nmgen.tune import seeds as seeds_module
     from nmgen.tune import tuner as tuner_module
     from nmgen.tune.studies import stored_seeds
 
@@ -225,8 +222,8 @@ def test_another_worker_reads_a_studys_seeds_from_the_storage(tmp_path, monkeypa
     monkeypatch.setattr(tuner_module.GpuMeasurer, "key_of",  # no device here
                         staticmethod(lambda task: ModelMeasurer(task).key))
     ranked: list[str] = []
-    real_model_seeds = tuner_module.model_seeds
-    monkeypatch.setattr(tuner_module, "model_seeds", lambda task, count: (
+    real_model_seeds = seeds_module.model_seeds
+    monkeypatch.setattr(seeds_module, "model_seeds", lambda task, count: (
         ranked.append(task.study_name) or real_model_seeds(task, count)))
     pool = RecordingPool()
     tuner = Tuner(connect(url), open_storage(journal), ahead_workers=2, _compile_pool=pool)
@@ -286,7 +283,7 @@ def test_cross_check_tries_the_winners_of_shapes_tuned_later(tmp_path):
     winner = next(c for c in model_seeds(later, 20) if c.name not in untried)
     record_trial(tuner.engine, ModelMeasurer(later).key, winner, render(winner).sha256,
                  TrialStatus.MODEL, 1e-6, 1e-6)
-    assert tuner.neighbours(first, key) == [winner]
+    assert tuner.seeder().neighbours(first, key) == [winner]
     before, after = tuner.cross_check(first)
     assert winner.name in tried() and len(tried()) == len(untried) + 1
     assert after.time_ms <= before.time_ms
@@ -299,13 +296,14 @@ def test_seed_table_is_kept_on_disk(tmp_path, monkeypatch):
     """The model's table of a space is built once a machine and read back by the next
     process (past the in-process cache here), ranking alike; a broken file is rebuilt."""
     from nmgen.cache import cache_file
-    from nmgen.tune.tuner import _seed_table, _seed_table_of
+    from nmgen.families.base import rank_table
+    from nmgen.tune.seeds import seed_table
 
     monkeypatch.setenv("NMGEN_CACHE_DIR", str(tmp_path))
     task = task_of("h100", 2, 4, 16, ALayout.ROW_MAJOR, 64, 256, 512)
 
     def build(t):
-        return _seed_table_of.__wrapped__(t.family, t.gpu, t.problem, t.space)
+        return rank_table.__wrapped__(t.family, t.problem, t.gpu, t.space)
 
     fresh = build(task)
     sources = F32_SIMT.source_files()
@@ -317,7 +315,7 @@ def test_seed_table_is_kept_on_disk(tmp_path, monkeypatch):
         assert again.rank(300, 200, 100) == fresh.rank(300, 200, 100)
         path.write_bytes(b"not a pickle")
     # in memory, one table serves every shape of a problem
-    assert _seed_table(task) is _seed_table(task_of("h100", 2, 4, 16, ALayout.ROW_MAJOR,
+    assert seed_table(task) is seed_table(task_of("h100", 2, 4, 16, ALayout.ROW_MAJOR,
                                                      128, 512, 256))
     other = task_of("a100", 2, 4, 16, ALayout.ROW_MAJOR, 64, 256, 512)
     assert cache_file("rank", ("f32", other.gpu, other.problem, other.space),
@@ -343,7 +341,7 @@ def test_a_study_seeds_from_the_kernels_of_other_tuned_patterns(tmp_path):
     the calibrated model), beside the reference and the model's guesses; the shipped
     records serve a database of its own too (``transfer_engines``)."""
     from nmgen.store.database import shipped_db
-    from nmgen.tune.tuner import SEEDS_FROM_TRANSFER
+    from nmgen.tune.seeds import SEEDS_FROM_TRANSFER
 
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
     tuner = Tuner(connect(url), url, trials=8, batch=8, dry_run=True, log=lambda s: None)
@@ -354,19 +352,19 @@ def test_a_study_seeds_from_the_kernels_of_other_tuned_patterns(tmp_path):
                               TrialStatus.MODEL)[shape].config
     task = task_of("h100", 2, 8, 32, ALayout.ROW_MAJOR, *shape)
     key = ModelMeasurer(task).key
-    moved = tuner.transferred(task, key)
+    moved = tuner.seeder().transferred(task, key)
     assert 1 <= len(moved) <= SEEDS_FROM_TRANSFER
     assert all((c.n, c.m, c.vec) == (2, 8, 32) for c in moved)
     assert F32_SIMT.adapt(winner, task.problem) in moved
     assert set(moved) <= set(tuner.seeds(task, key))
-    assert tuner.transferred(donor, ModelMeasurer(donor).key) == []  # no other pattern
+    assert tuner.seeder().transferred(donor, ModelMeasurer(donor).key) == []  # no other pattern
     none = Tuner(connect(url), url, dry_run=True, transfer_seed_count=0)
-    assert none.transferred(task, key) == []
+    assert none.seeder().transferred(task, key) == []
     empty = f"sqlite:///{tmp_path / 'empty.db'}"
     shipped = connect(f"sqlite:///{shipped_db()}", writable=False)
     fresh = Tuner(connect(empty), empty, dry_run=True, transfer_engines=(shipped,))
-    assert all(c.m == 8 for c in fresh.transferred(task, ModelMeasurer(task).key))
-    assert len(fresh.transferred(task, ModelMeasurer(task).key)) == SEEDS_FROM_TRANSFER
+    assert all(c.m == 8 for c in fresh.seeder().transferred(task, ModelMeasurer(task).key))
+    assert len(fresh.seeder().transferred(task, ModelMeasurer(task).key)) == SEEDS_FROM_TRANSFER
 
 
 def test_quick_preset_trials_finalists_and_no_cross_check(tmp_path, monkeypatch):

@@ -36,7 +36,7 @@ from nmgen.families.registry import family_of
 from nmgen.format import DType
 from nmgen.problem import ALayout, Problem
 from nmgen.store.database import connect
-from nmgen.store.records import ProblemKey, record_trial
+from nmgen.store.records import DeviceKey, ProblemKey, record_trial
 from nmgen.store.tables import TrialStatus
 
 DEVICE = table_device("h100")
@@ -59,9 +59,8 @@ def test_plan_takes_the_first_use_choice_and_the_tuned_winner(tmp_path):
     best = nmgen.KernelConfig(2, 4, 32, 128, 128, 32, 8, 8, a_tile="tx")
     for url, config in ((untuned_url, donor), (tuned_url, best)):
         for shape in SHAPES:
-            key = ProblemKey("h100", DEVICE.name, "sm_90", 13020, 132,
-                             F32_SIMT.generator_hash(), config.n, config.m, 32, "f32", "rm",
-                             *shape)
+            key = ProblemKey.of(Problem(config.n, config.m, 32), shape,
+                                DeviceKey("h100", DEVICE.name, 13020, 132), F32_SIMT)
             record_trial(connect(url), key, config, "h", TrialStatus.OK, time_ms=1.0)
     untuned, tuned = (Dispatcher([u], device=DEVICE, write_url="")
                       for u in (untuned_url, tuned_url))
@@ -90,8 +89,8 @@ def test_records_of_an_older_generator_are_named_not_skipped(tmp_path):
     url = f"sqlite:///{tmp_path / 't.db'}"
     config = nmgen.KernelConfig(2, 4, 32, 128, 128, 32, 8, 8, a_tile="tx")
     for generator in (F32_SIMT.generator_hash(), "0" * 64):
-        key = ProblemKey("h100", DEVICE.name, "sm_90", 13020, 132, generator, 2, 4, 32,
-                         "f32", "rm", *SHAPES[0])
+        key = ProblemKey.of(Problem(2, 4, 32), SHAPES[0],
+                            DeviceKey("h100", DEVICE.name, 13020, 132), generator)
         record_trial(connect(url), key, config, "h", TrialStatus.OK, time_ms=1.0)
     tuned = Dispatcher([url], device=DEVICE, write_url="")
     with pytest.warns(UserWarning, match="1 problems tuned by an older generator"):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import nmgen
-from nmgen.build import nvrtc
+from nmgen.compiler import nvrtc
 from nmgen.families.mma import MMA
 from nmgen.families.plan import Aligned16, Call, Device, Pointer, Scalar, TensorMap2D
 from nmgen.families.registry import config_from_dict, config_from_name, serving
@@ -689,7 +689,7 @@ NVCC_CONFIGS = [  # ptxas (CUDA 13.0) registers in the comments
 
 
 def check_resources(config: WgmmaConfig) -> None:
-    from nmgen.build.nvcc import compile_with_nvcc
+    from nmgen.compiler.nvcc import compile_with_nvcc
 
     compiled = compile_with_nvcc(nmgen.render(config))
     main = compiled.resources[config.name]
@@ -826,8 +826,8 @@ TMA_FORCED_SPLIT = [
 @pytest.mark.nvcc
 @pytest.mark.parametrize("name", TMA_FORCED_SPLIT)
 def test_the_bulk_copy_producer_fits_its_registers_in_the_largest_stages(name, monkeypatch):
-    from nmgen.build.nvcc import compile_with_nvcc
     from nmgen.codegen import render_text
+    from nmgen.compiler.nvcc import compile_with_nvcc
 
     config = WgmmaConfig.from_name(name)
     launch = config.launch_registers(min_blocks_per_sm(config))
@@ -838,7 +838,7 @@ def test_the_bulk_copy_producer_fits_its_registers_in_the_largest_stages(name, m
     arguments = WGMMA.template_arguments
     monkeypatch.setattr(WGMMA, "template_arguments",
                         lambda c: {**arguments(c), "registers": split})
-    template = (WGMMA.templates / WGMMA.template).read_text()
+    template = (WGMMA.templates / WGMMA.template_name(config)).read_text()
     rendered = render_text(config, template)
     assert f"setmaxnreg_dec<{producer}>" in rendered.code
     main = compile_with_nvcc(rendered).resources[config.name]
@@ -852,7 +852,7 @@ def test_the_kernel_is_hgmma_with_both_operands_transposed(tmp_path):
     import shutil
     import subprocess
 
-    from nmgen.build.nvcc import compile_with_nvcc
+    from nmgen.compiler.nvcc import compile_with_nvcc
 
     disassembler = shutil.which("nvdisasm")
     if disassembler is None:

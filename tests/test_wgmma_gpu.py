@@ -17,13 +17,11 @@ rounding and the FP32 accumulation of K products.
 
 from __future__ import annotations
 
-import os
 import random
 
 import numpy as np
 import pytest
 
-from nmgen.build.pool import precompile
 from nmgen.dispatch import Dispatcher
 from nmgen.families.wgmma import WGMMA
 from nmgen.families.wgmma.config import WgmmaConfig
@@ -34,6 +32,7 @@ from nmgen.runtime.check import random_weight
 from nmgen.runtime.device import device_info
 from nmgen.runtime.launch import Kernel
 
+from .gpu_suite import SEED, compile_ahead
 from .test_mma_gpu import _float64, make_a, relative_error, tolerance
 
 pytestmark = pytest.mark.gpu
@@ -45,7 +44,6 @@ CONFIGS = 30
 SHAPES_PER_CONFIG = 11
 M_EDGES = (1, 17, 100)
 MAX_SIZE = 600
-SEED = int.from_bytes(os.urandom(4), "little")  # fresh every run; printed on failure
 
 
 @pytest.fixture(autouse=True)
@@ -92,7 +90,7 @@ def draw_shapes(rng: random.Random, config: WgmmaConfig) -> list[tuple[int, int,
 def test_random_configurations_and_shapes_match_float64(gpu_cases):
     rng = random.Random(SEED)
     configs = draw_configs(rng, CONFIGS)
-    assert not precompile(configs, workers=min(16, os.cpu_count() or 1))
+    assert not compile_ahead(configs)
     wrong = []
     for config in configs:
         kernel = Kernel(config)

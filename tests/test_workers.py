@@ -27,13 +27,9 @@ from nmgen.problem import ALayout
 from nmgen.store.database import connect
 from nmgen.store.tables import ConfigRow, ProblemRow, TrialRow
 from nmgen.tune import workers
-from nmgen.tune.studies import (
-    ask,
-    default_storage_url,
-    fail_dead,
-    give_back_waiting,
-    open_storage,
-)
+from nmgen.tune.liveness import ask, fail_dead
+from nmgen.tune.storage import default_storage_url, open_storage
+from nmgen.tune.studies import give_back_waiting
 from nmgen.tune.task import TuneTask
 from nmgen.tune.tuner import Tuner
 from nmgen.tune.workers import run_worker
@@ -235,7 +231,7 @@ def test_rdb_storage_on_sqlite_is_refused_for_several_workers(tmp_path, shapes_f
 
 
 def test_fail_orphans_fails_and_requeues_a_dead_workers_trial(tmp_path):
-    from nmgen.tune.studies import fail_orphans
+    from nmgen.tune.liveness import fail_orphans
 
     storage = open_storage(f"journal:{tmp_path / 'journal'}")
     study = optuna.create_study(study_name="s", storage=storage)
@@ -275,7 +271,7 @@ def test_devices_worker_killed_the_other_finishes(tmp_path, shapes_file):
 
 APPENDER = """
 import sys
-from nmgen.tune.studies import JournalFile
+from nmgen.tune.storage import JournalFile
 journal = JournalFile(sys.argv[1])
 for i in range(int(sys.argv[3])):
     journal.append_logs([{"writer": sys.argv[2], "i": i, "pad": "x" * 5000}])
@@ -285,7 +281,7 @@ for i in range(int(sys.argv[3])):
 def test_journal_file_keeps_every_record_of_processes_writing_at_once(tmp_path):
     """Three processes append large records at once: every record is read back whole,
     each writer's in its order."""
-    from nmgen.tune.studies import JournalFile
+    from nmgen.tune.storage import JournalFile
 
     path = str(tmp_path / "journal")
     JournalFile(path)  # made before the writers race to make it
@@ -300,7 +296,7 @@ def test_journal_file_keeps_every_record_of_processes_writing_at_once(tmp_path):
 
 HOLDER = """
 import sys, time
-from nmgen.tune.studies import JournalFlock
+from nmgen.tune.storage import JournalFlock
 lock = JournalFlock(sys.argv[1])
 lock.acquire()
 print("held", flush=True)
@@ -310,7 +306,7 @@ lock.release()
 
 
 def test_journal_flock_makes_another_process_wait(tmp_path):
-    from nmgen.tune.studies import JournalFlock
+    from nmgen.tune.storage import JournalFlock
 
     path = str(tmp_path / "journal")
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, path], stdout=subprocess.PIPE,
@@ -330,7 +326,7 @@ def test_journal_file_keeps_every_record_of_threads_writing_at_once(tmp_path):
     record or deadlocking."""
     import threading
 
-    from nmgen.tune.studies import JournalFile
+    from nmgen.tune.storage import JournalFile
 
     journal = JournalFile(str(tmp_path / "journal"))
 
@@ -349,7 +345,7 @@ def test_journal_file_keeps_every_record_of_threads_writing_at_once(tmp_path):
 
 
 def test_journal_storage_uses_the_unsynced_file_with_its_flock(tmp_path):
-    from nmgen.tune.studies import JournalFile, JournalFlock
+    from nmgen.tune.storage import JournalFile, JournalFlock
 
     backend = open_storage(f"journal:{tmp_path / 'journal'}")._backend
     assert isinstance(backend, JournalFile) and isinstance(backend._lock, JournalFlock)
@@ -359,7 +355,7 @@ def test_held_journal_writes_a_trials_records_in_one_append(tmp_path, monkeypatc
     """A trial's parameters and its result, held, reach the journal in one append each,
     read back whole by a second storage; a block that raises still appends what it held;
     creating a trial inside a block is written (and read back) at once."""
-    from nmgen.tune.studies import JournalFile, writes_held
+    from nmgen.tune.storage import JournalFile, writes_held
 
     appends: list[int] = []
     real_append = JournalFile.append_logs
@@ -510,12 +506,12 @@ def test_two_workers_rank_each_studys_seeds_once(tmp_path, monkeypatch):
     they are its first trials."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from nmgen.tune import tuner as tuner_module
+    from nmgen.tune import seeds as seeds_module
     from nmgen.tune.studies import stored_seeds
 
     ranked: Counter = Counter()
-    real_model_seeds = tuner_module.model_seeds
-    monkeypatch.setattr(tuner_module, "model_seeds", lambda task, count: (
+    real_model_seeds = seeds_module.model_seeds
+    monkeypatch.setattr(seeds_module, "model_seeds", lambda task, count: (
         ranked.update([task.study_name]) or real_model_seeds(task, count)))
     url = f"sqlite:///{tmp_path / 'tuned.db'}"
     journal = f"journal:{tmp_path / 'studies.journal'}"

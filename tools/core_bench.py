@@ -79,7 +79,7 @@ def main() -> None:
     import cupy as cp
 
     from nmgen.bench.dense import Dense, dense_gemm
-    from nmgen.build.pool import precompile
+    from nmgen.compiler.pool import precompile
     from nmgen.runtime.check import ProblemBench, tolerance
     from nmgen.runtime.device import device_info
     from nmgen.runtime.launch import Kernel

@@ -69,7 +69,7 @@ def stem(args: argparse.Namespace) -> str:
 def measure(args: argparse.Namespace) -> None:
     """The tuner's own measurement (``GpuMeasurer``: compile in the pool, check against
     float64 once, time with CUDA events) of every configuration of the slice."""
-    from nmgen.build.pool import CompilePool
+    from nmgen.compiler.pool import CompilePool
     from nmgen.tune.measurers import INFEASIBLE_MS, GpuMeasurer
 
     index, count = (int(x) for x in args.slice.split("/"))
@@ -130,7 +130,7 @@ def model_check(args: argparse.Namespace) -> None:
     import numpy as np
 
     from nmgen.families.f32_simt.model import estimate, rank
-    from nmgen.tune.tuner import SEEDS_FROM_MODEL, model_seeds
+    from nmgen.tune.seeds import SEEDS_FROM_MODEL, model_seeds
 
     tables = read_tables(sorted(args.out.glob(f"{stem(args)}_slice*.jsonl*")))
     rows = []

@@ -212,7 +212,7 @@ def transfer_rows(db: str, label: str, problems: Sequence[Measured], gpu: GpuSpe
     its tune measured (its four fastest and its reference kernel)."""
     from nmgen.policy import related_records
     from nmgen.problem import Problem
-    from nmgen.store.records import ProblemKey
+    from nmgen.store.records import DeviceKey, ProblemKey
     from nmgen.transfer import ranked
 
     name, dtype = label.split()
@@ -220,10 +220,13 @@ def transfer_rows(db: str, label: str, problems: Sequence[Measured], gpu: GpuSpe
     engine = connect(db, writable=False)
     found: dict[str, list] = defaultdict(list)
     for layout in sorted({p.layout for p in problems}):
-        key = ProblemKey(gpu.name, "", gpu.arch.value, 0, 0, family.generator_hash(), 0, 0,
-                         0, dtype, layout, 0, 0, 0)
+        patterns = sorted({p.pattern for p in problems if p.layout == layout})
+        # Any of the layout's problems keys the query: it reads every pattern and shape.
+        first = next(p for p in problems if p.layout == layout)
+        key = ProblemKey.of(Problem(*patterns[0], layout, gpu.arch, dtype), first.shape,
+                            DeviceKey(gpu.name, "", 0, 0), family)
         records = related_records(engine, key)
-        for pattern in sorted({p.pattern for p in problems if p.layout == layout}):
+        for pattern in patterns:
             others = [r for r in records if (r.n, r.m, r.vec) != pattern]
             calibration = fit(family, [s for p in problems if p.pattern != pattern
                                        for s in p.samples])

@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nmgen.bench.report import geomean  # noqa: E402
-from nmgen.policy import best_per_problem, problem_of  # noqa: E402
+from nmgen.policy import best_per_problem  # noqa: E402
 from nmgen.runtime.check import ProblemBench  # noqa: E402
 from nmgen.runtime.launch import Kernel  # noqa: E402
 from nmgen.runtime.timing import time_in_turns  # noqa: E402
@@ -38,10 +38,10 @@ def retime(labelled_urls: list[tuple[str, str]]) -> dict:
     first = labelled_urls[0][0]
     rows = []
     for stored in all_problems(engines[first]):
-        key, problem = stored.key, problem_of(stored.key)
+        key, problem = stored.key, stored.key.problem
         winners = {label: best_per_problem(engine, key).get(key.shape)
                    for label, engine in engines.items()}
-        if problem is None or any(w is None for w in winners.values()):
+        if any(w is None for w in winners.values()):
             continue
         bench = ProblemBench(problem, *key.shape)
         configs = {w.config.name: w.config for w in winners.values()}

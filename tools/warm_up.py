@@ -1,7 +1,7 @@
 """Untimed warm-up before a timed tuning comparison: load what every tuning process loads
 (Python packages, CuPy, the CUDA driver, NVRTC) once, and build the search space's
 on-disk enumeration of each pattern and the model's table of it
-(``f32_simt.family.enumeration`` and ``tune.tuner.model_seeds``: seconds, once an nmgen
+(``families.base.enumeration`` and ``tune.seeds.model_seeds``: seconds, once an nmgen
 version),
 so that the first timed run does not pay a fresh machine's cold start and the later runs
 do not get it for free.
@@ -18,13 +18,13 @@ start = time.monotonic()
 with tempfile.TemporaryDirectory() as cache:
     os.environ["CUPY_CACHE_DIR"] = cache  # compiles for real, keeps nothing
     import nmgen.cli  # noqa: F401
-    import nmgen.tune.studies  # noqa: F401
+    import nmgen.tune.storage  # noqa: F401
     from nmgen.families.f32_simt import F32_SIMT
     from nmgen.format import Pattern
     from nmgen.gpus import gpu_spec
     from nmgen.problem import ALayout
+    from nmgen.tune.seeds import SEEDS_FROM_MODEL, model_seeds
     from nmgen.tune.task import TuneTask
-    from nmgen.tune.tuner import SEEDS_FROM_MODEL, model_seeds
 
     try:
         import cupy

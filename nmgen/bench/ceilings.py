@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..build.nvrtc import cupy
+from ..compiler.nvrtc import cupy
 from ..runtime.device import device_info
 
 CHAINS = 8  # independent FMA chains a thread: hides the FFMA latency

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..dispatch import Dispatcher
 from ..format import DType, NMMatrix, Pattern
+from ..gpus import table_name
 from ..problem import ALayout, Problem
 from ..runtime.check import random_weight, tolerance
 from ..runtime.device import device_info
@@ -52,19 +53,26 @@ class DecodeRow:
     rel_error: float
     source: str
     config: str
+    gpu: str = ""  # the device the row was timed on (its table name)
+    kernel_bytes: int = 0  # the weight as the kernel reads it (its family's layout)
 
     @property
     def speedup(self) -> float:
         return self.baseline_ms / self.nmgen_ms
 
     @property
+    def weight_bytes(self) -> int:
+        """The bytes a call streams: the kernel's layout where known, else the format's."""
+        return self.kernel_bytes or self.compressed_bytes
+
+    @property
     def achieved_gbs(self) -> float:
-        return self.compressed_bytes / self.nmgen_ms / 1e6
+        return self.weight_bytes / self.nmgen_ms / 1e6
 
     @property
     def floor_ms(self) -> float:
-        """The compressed bytes at the copy's bandwidth."""
-        return self.compressed_bytes / (self.copy_gbs * 1e6)
+        """The weight's bytes at the copy's bandwidth."""
+        return self.weight_bytes / (self.copy_gbs * 1e6)
 
 
 def compressed_bytes(shape: Shape, pattern: Pattern, vec: int, dtype: DType) -> int:
@@ -196,9 +204,11 @@ def _one(dispatcher: Dispatcher, weights: _Weights, m_rows: int, bandwidth: floa
     baseline_ms = _dense_ms(a, out, weights, repeat)
     semi_ms = _semi_ms(a, weights.semi, repeat) if weights.semi else None
     size = compressed_bytes((m_rows, cols, depth), weights.pattern, weights.vec, dtype)
+    kernel_bytes = dispatcher.kernel(decision.config).prepared(nm[0]).nbytes
     return DecodeRow(str(weights.pattern), weights.vec, layout.value, CSV_DTYPE[dtype], m_rows,
                      cols, depth, nmgen_ms, baseline_ms, semi_ms, size, bandwidth, error,
-                     decision.source, decision.config.name)
+                     decision.source, decision.config.name, table_name(device_info().name),
+                     kernel_bytes)
 
 
 def _dense_ms(a: Any, out: Any, weights: _Weights, repeat: int) -> float:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..build.nvrtc import cupy
+from ..compiler.nvrtc import cupy
 from ..format import DType
 
 CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF = 0, 2, 14  # cudaDataType

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..build.nvrtc import cupy
-from ..build.pool import CompilePool
+from ..compiler.nvrtc import cupy
+from ..compiler.pool import CompilePool
 from ..dispatch import Dispatcher, gpu_name
 from ..families.base import Config
 from ..families.registry import family_of, serving

@@ -11,6 +11,12 @@ activation, in float64). Configurations are drawn first and
 compiled together in a process pool, then each serves several shapes, so that ten thousand
 cases take minutes. A failing case is shrunk (smaller ``M``, ``N``, ``K`` while it still
 fails) to a minimal one, kept as a regression that the GPU tests replay.
+
+What a run checks follows from its seed alone: a family's configurations come from a
+generator of (seed, family) (``family_configs``), each configuration's shapes and data
+from one of (seed, configuration), so that the GPU tests compile every configuration ahead
+(``tests/gpu_suite.py``) and split a family's configurations between processes
+(``shard``) with the same cases as one process.
 """
 
 from __future__ import annotations
@@ -24,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from ..build.nvrtc import cupy
-from ..build.pool import CompilePool
+from ..compiler.nvrtc import cupy
+from ..compiler.pool import CompilePool
 from ..epilogue import Activation, Epilogue, apply_reference
 from ..families.base import Config, Family, epilogue_of
 from ..families.registry import all_families, config_from_name
@@ -33,7 +39,7 @@ from ..format import DType, NMMatrix
 from ..gpus import spec_or_h100, table_name
 from ..problem import ALayout, Problem
 from ..runtime.check import device_array, random_weight, tolerance
-from ..runtime.device import device_info
+from ..runtime.device import current_device, device_info
 from ..runtime.launch import Kernel
 
 PATTERNS = ((2, 4), (1, 4), (2, 8), (4, 8), (4, 16), (8, 16), (16, 32), (12, 32), (8, 32),
@@ -172,43 +178,67 @@ def shrink(case: Case, fails: Callable[[Case], bool]) -> Case:
     return case
 
 
+def family_configs(family: Family, seed: int, cases: int, per_config: int, arch: Any,
+                   gpu: Any) -> list[Config]:
+    """The configurations ``selftest`` runs of ``family``: ``ceil(cases / per_config)``
+    distinct ones, drawn by a generator of (seed, family) alone."""
+    rng = random.Random(f"{seed}/{family.name}")
+    configs: dict[str, Config] = {}
+    while len(configs) < -(-cases // per_config):
+        config = draw_config(family, rng, arch, gpu)
+        configs[config.name] = config
+    return list(configs.values())
+
+
+def config_cases(config: Config, seed: int, count: int, max_size: int) -> list[Case]:
+    """The ``count`` cases of ``config``: shapes and data seeds drawn by a generator of
+    (seed, configuration)."""
+    rng = random.Random(f"{seed}/{config.name}")
+    return [Case(config.name, rows, cols, depth, pad, rng.randrange(1 << 31))
+            for rows, cols, depth, pad in draw_shapes(rng, count, max_size)]
+
+
 def selftest(cases: int, seed: int, per_config: int = 20, max_size: int = 384,
              families: list[Family] | None = None, workers: int = 16,
              log: Callable[[str], None] = print,
-             advance: Callable[[int], None] = lambda n: None) -> Outcome:
-    """``cases`` random cases of each family (``families``: default every registered one)."""
+             advance: Callable[[int], None] = lambda n: None,
+             shard: tuple[int, int] = (0, 1)) -> Outcome:
+    """``cases`` random cases of each family (``families``: default every registered one),
+    ``per_config`` a configuration. ``shard`` (i, n): only the i-th of every n
+    configurations (n processes share a run; their cases add up to one process's).
+    ``workers``: processes that compile the configurations first; 0: each is compiled here
+    as it comes (or found in CuPy's cache, filled by another process)."""
     info = device_info()
     gpu = spec_or_h100(table_name(info.name))
-    rng = random.Random(seed)
+    index, shards = shard
     outcome = Outcome()
     for family in families or all_families():
         if not serves_any(family, info.arch):
             log(f"{family.name}: serves no problem on {info.arch.value}")
             continue
-        configs = {}
-        while len(configs) < -(-cases // per_config):
-            config = draw_config(family, rng, info.arch, gpu)
-            configs[config.name] = config
-        errors = dict(e.split(": ", 1) for e in _compile(list(configs.values()), workers))
-        log(f"{family.name}: {len(configs)} configurations compiled, {len(errors)} failed")
-        done = 0
-        for config in configs.values():
-            shapes = list(draw_shapes(rng, per_config, max_size))[:cases - done]
-            if not shapes:
-                break
+        configs = family_configs(family, seed, cases, per_config, info.arch, gpu)
+        counts = [min(per_config, cases - i * per_config) for i in range(len(configs))]
+        mine = [(c, n) for i, (c, n) in enumerate(zip(configs, counts, strict=True))
+                if i % shards == index]
+        errors = {}
+        if workers > 0:
+            errors = dict(e.split(": ", 1) for e in _compile([c for c, _ in mine], workers))
+            log(f"{family.name}: {len(mine)} configurations compiled, {len(errors)} failed")
+        for config, count in mine:
             kernel = Kernel(config)
-            for rows, cols, depth, pad in shapes:
-                case = Case(config.name, rows, cols, depth, pad, rng.randrange(1 << 31))
-                error = check_case(kernel, case, errors.get(config.name))
-                outcome.add(family.name, error, case)
-                if error is not None:
-                    minimal = shrink(case, lambda c, k=kernel: check_case(k, c) is not None)
+            error = errors.get(config.name) if workers > 0 else _compile_here(kernel)
+            for case in config_cases(config, seed, count, max_size):
+                wrong = check_case(kernel, case, error)
+                outcome.add(family.name, wrong, case)
+                if wrong is not None:
+                    minimal = case if error is not None else shrink(
+                        case, lambda c, k=kernel: check_case(k, c) is not None)
                     outcome.failures.append({**asdict(minimal), "family": family.name,
-                                             "error": error})
-                    log(f"WRONG {config.name} M={rows} N={cols} K={depth}: {error}; minimal "
-                        f"M={minimal.rows} N={minimal.cols} K={minimal.depth}")
-            done += len(shapes)
-            advance(len(shapes))
+                                             "error": wrong})
+                    log(f"WRONG {config.name} M={case.rows} N={case.cols} K={case.depth}: "
+                        f"{wrong}; minimal M={minimal.rows} N={minimal.cols} "
+                        f"K={minimal.depth}")
+            advance(count)
             _drop_plans(kernel)
     return outcome
 
@@ -223,6 +253,17 @@ def check_case(kernel: Kernel, case: Case, compile_error: str | None = None) -> 
         return f"{type(exc).__name__}: {exc}"
     limit = tolerance(kernel.config.dtype)
     return None if err < limit else f"relative error {err:.3g} (limit {limit:g})"
+
+
+def _compile_here(kernel: Kernel) -> str | None:
+    """Compile (or load from CuPy's cache) ``kernel``'s entry points in this process;
+    what failed, else ``None``."""
+    try:
+        for entry in kernel.family.entry_points(kernel.config):
+            kernel._function(current_device(), entry, 0)
+    except Exception as exc:  # reported as every case of it, as a pool's compile error is
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _compile(configs: list[Config], workers: int) -> list[str]:

@@ -31,7 +31,7 @@ from ..shapes import Shape
 from .dense import dense_of
 from .report import CSV_DTYPE, geomean, markdown_table
 
-UNTUNED_SOURCES = ("transfer", "model")
+UNTUNED_SOURCES = ("transfer", "other_gpu", "model")  # no record of this GPU's own
 TUNED_SOURCES = ("exact", "exact-other-cuda")
 
 
@@ -60,8 +60,8 @@ class UntunedRow:
     tuned_ms: float
     dense_ms: float
     quick_ms: float | None = None
-    untuned_source: str = ""  # transfer or model
-    untuned_origin: str = ""  # the tuned problem a transfer came from, or "model"
+    untuned_source: str = ""  # transfer, other_gpu or model
+    untuned_origin: str = ""  # the tuned problem (or GPU) it came from, or "model"
     untuned_config: str = ""
     tuned_config: str = ""
     dtype: str = "fp32"  # of A, the weight and the output: fp32, bf16 or fp16
@@ -194,7 +194,7 @@ def run(planned: Sequence[Planned], repeat: int = 20,
         log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
         on_row: Callable[[list[UntunedRow]], None] = lambda rows: None) -> list[UntunedRow]:
     """On the GPU: every comparison checked against float64, then timed in turns."""
-    from ..build.pool import CompilePool
+    from ..compiler.pool import CompilePool
     from ..runtime.launch import Kernel
 
     configs = {c.name: c for p in planned
@@ -243,7 +243,7 @@ def _fresh_data(problem: Problem, shape: Shape) -> tuple[Any, NMMatrix, Any, Any
     """Random A (in the problem's dtype and layout) and weight, the output, the float64
     product of the rounded inputs, and cuBLAS's GEMM of the dtype on the same A values
     (row-major, its output in that dtype too) with a dense weight of its own."""
-    from ..build.nvrtc import cupy
+    from ..compiler.nvrtc import cupy
     from ..runtime.check import as_float64
     from ..runtime.device import empty_like_caller, operand
     from .dense import dense_gemm
@@ -263,7 +263,7 @@ def _fresh_data(problem: Problem, shape: Shape) -> tuple[Any, NMMatrix, Any, Any
 def _a_operand(a: Any, dtype: DType, layout: ALayout) -> Any:
     """The float32 M×K ``a`` in ``dtype`` (CuPy; a torch tensor for bf16) and ``layout``:
     K-major is the same values held K×M, passed as its M×K view."""
-    from ..build.nvrtc import cupy
+    from ..compiler.nvrtc import cupy
     from ..runtime.check import device_array
 
     if layout is ALayout.K_MAJOR:

@@ -17,6 +17,7 @@ from .f32_simt import F32_SIMT
 from .gemv import GEMV
 from .mma import MMA
 from .space import ConfigError
+from .sptc import SPTC
 from .wgmma import WGMMA
 
 ENTRY_POINT_GROUP = "nmgen.families"
@@ -104,4 +105,5 @@ register(F32_SIMT)
 register(GEMV)
 register(MMA)
 register(WGMMA)
+register(SPTC)
 _load_plugins()

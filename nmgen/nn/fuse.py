@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from ..format import NMMatrix
-from .linear import SparseLinear
+from .linear import SparseLinear, unreadable
 
 # Llama-family projections that read the same input (attention and MLP).
 LLAMA_SIBLINGS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"),
@@ -319,10 +319,15 @@ class FusedSlice(nn.Module):
                               "fuse_siblings)")
             return
         given = {key: state_dict[prefix + key] for key in views if prefix + key in state_dict}
+        reason = unreadable(given.get("values"), given.get("indices"), given.get("bias"))
+        if reason is not None:
+            error_msgs.append(f"{title}: {reason}")
+            return
         if "values" in given and "indices" in given:
             try:
                 NMMatrix.from_compressed(given["values"], given["indices"], self.pattern,
-                                         self.vec, (self.in_features, self.out_features))
+                                         self.vec, (self.in_features, self.out_features),
+                                         layout="kn")
             except (ValueError, TypeError) as exc:
                 error_msgs.append(f"{title}: {exc}")
                 return
@@ -374,6 +379,26 @@ def _why_not(parent: nn.Module, names: Sequence[str], layers: list[nn.Module | N
     return None
 
 
+def check_groups(groups: Groups) -> list[tuple[str, ...]]:
+    """``groups`` as tuples of names, refused unless each is two or more distinct child
+    names (a string is not a group: ``"qkv"`` would be read as the names q, k and v)."""
+    if isinstance(groups, str) or not isinstance(groups, Iterable):
+        raise TypeError(f"groups {groups!r}: expected groups of child names, e.g. "
+                        "[('q_proj', 'k_proj', 'v_proj')] (nmgen.nn.LLAMA_SIBLINGS)")
+    checked = []
+    for group in groups:
+        if isinstance(group, str) or not isinstance(group, Iterable):
+            raise TypeError(f"group {group!r}: expected a tuple of child names, e.g. "
+                            "('gate_proj', 'up_proj'), not a string")
+        names = tuple(group)
+        if not all(isinstance(n, str) for n in names):
+            raise TypeError(f"group {names}: child names are strings")
+        if len(names) < 2 or len(set(names)) != len(names):
+            raise ValueError(f"group {names}: two or more distinct child names")
+        checked.append(names)
+    return checked
+
+
 def fuse_siblings(model: nn.Module, groups: Groups = LLAMA_SIBLINGS, *,
                   compiled_inputs_unchanged: bool = False) -> FuseSummary:
     """Fuse every group of ``SparseLinear`` siblings of ``model`` in place (see the module
@@ -383,14 +408,12 @@ def fuse_siblings(model: nn.Module, groups: Groups = LLAMA_SIBLINGS, *,
     ``compiled_inputs_unchanged``: the caller's promise that no parent changes a group's
     input in place between its siblings' calls, which lets the siblings share one product
     under ``torch.compile`` where dynamo cannot check it (torch before 2.13)."""
+    groups = check_groups(groups)
     counts: dict[int, int] = {}
     for _, module in model.named_modules(remove_duplicate=False):
         counts[id(module)] = counts.get(id(module), 0) + 1
     summary = FuseSummary([], [])
-    for group in groups:
-        names = tuple(group)
-        if len(names) < 2 or len(set(names)) != len(names):
-            raise ValueError(f"group {names}: two or more distinct child names")
+    for names in groups:
         for parent_name, parent in list(model.named_modules()):
             layers = [parent._modules.get(n) for n in names]
             if all(layer is None for layer in layers):

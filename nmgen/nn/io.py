@@ -5,7 +5,9 @@ imported), and loading it into a fresh model whose pruned layers are built from 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +36,9 @@ def save_sparse(model: nn.Module, path: str | os.PathLike,
                 metadata: dict[str, str] | None = None) -> None:
     """Write ``model``'s state (its ``SparseLinear`` layers compressed) to a safetensors
     file; tied tensors are written once (``safetensors.torch.save_model``)."""
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{path}: its directory {folder} does not exist")
     _safetensors().save_model(model, os.fspath(path), metadata=metadata)
 
 
@@ -57,12 +62,22 @@ def load_sparse(model: nn.Module, source: Source, *, strict: bool = True,
     if fuse:
         fuse_activations(model, set(layers))
     if isinstance(source, Mapping):
-        model.load_state_dict(source, strict=strict)
+        missing, unexpected = model.load_state_dict(source, strict=strict)
     else:
-        _safetensors().load_model(model, os.fspath(source), strict=strict)
+        missing, unexpected = _safetensors().load_model(model, os.fspath(source),
+                                                         strict=strict)
+    if missing or unexpected:  # strict=False: said, not dropped without a word
+        warnings.warn(f"load_sparse(strict=False): {_keys(missing)} of the model missing "
+                      f"from the state (left as they were), {_keys(unexpected)} of the state "
+                      "unused", stacklevel=2)
     if siblings is not None:
         fuse_siblings(model, siblings, compiled_inputs_unchanged=compiled_inputs_unchanged)
     return list(layers)
+
+
+def _keys(keys: list[str]) -> str:
+    shown = ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
+    return f"{len(keys)} keys ({shown})" if keys else "no keys"
 
 
 def _sparse_layers(source: Source) -> dict[str, tuple[tuple[int, ...], torch.dtype, bool]]:
@@ -70,7 +85,16 @@ def _sparse_layers(source: Source) -> dict[str, tuple[tuple[int, ...], torch.dty
     that ``source`` holds compressed."""
     if isinstance(source, Mapping):
         return _layers_of(list(source), source.__getitem__, lambda key: source[key].dtype)
-    with _safetensors().safe_open(os.fspath(source), framework="pt") as handle:
+    path = Path(source)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: a directory, not a safetensors file")
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        opened = _safetensors().safe_open(os.fspath(source), framework="pt")
+    except Exception as exc:  # safetensors' own error type, whatever its version
+        raise ValueError(f"{path}: not a safetensors file ({exc})") from None
+    with opened as handle:
         return _layers_of(list(handle.keys()), handle.get_tensor,
                           lambda key: _FILE_DTYPES.get(handle.get_slice(key).get_dtype()))
 
@@ -83,22 +107,47 @@ def _layers_of(keys: list[str], tensor: Any, dtype_of: Any
         if key != META and not key.endswith("." + META):
             continue
         prefix = key[: -len(META)]
-        meta = tuple(int(v) for v in tensor(key).tolist())
+        meta = _meta(key, tensor(key))
         dtype = dtype_of(prefix + "values") if prefix + "values" in names else None
         if len(meta) != 5 or dtype not in TORCH_DTYPES.values():
             raise ValueError(f"{key}: not an nmgen sparse layer's state (meta {meta}, "
                              f"values {dtype})")
         layers[prefix.rstrip(".")] = (meta, dtype, prefix + "bias" in names)
+    orphans = [k for k in keys if (k == "indices" or k.endswith(".indices"))
+               and k[: -len("indices")] + "values" in names
+               and k[: -len("indices")].rstrip(".") not in layers]
+    if orphans:  # a dense model would take them as unexpected keys, dropped by strict=False
+        raise ValueError(f"{orphans[0]}: compressed indices without their layer's {META}: "
+                         "not a state nmgen.nn.save_sparse wrote")
     return layers
+
+
+def _meta(key: str, value: torch.Tensor) -> tuple[int, ...]:
+    """A layer's ``[n, m, L, in, out]``: integers (a float would be truncated unseen)."""
+    if value.dtype.is_floating_point or value.dtype.is_complex or value.ndim != 1:
+        raise ValueError(f"{key}: expected 5 integers [n, m, L, in, out], got a "
+                         f"{tuple(value.shape)} {value.dtype} tensor")
+    return tuple(int(v) for v in value.tolist())
 
 
 def _make_sparse(model: nn.Module, name: str, meta: tuple[int, ...], dtype: torch.dtype,
                  bias: bool, device: Any) -> None:
-    """Put an empty ``SparseLinear`` of ``meta`` at ``name`` (unless one of it is there)."""
-    module = model.get_submodule(name)
-    if isinstance(module, SparseLinear) and module.meta == meta \
-            and module.values.dtype == dtype and (module.bias is not None) == bias:
-        return
+    """Put an empty ``SparseLinear`` of ``meta`` at ``name`` (unless one of it is there).
+    A layer of ``model`` sparsified otherwise (pattern, L, dtype or bias) is refused: its
+    pattern would be replaced by the state's without a word."""
+    try:
+        module = model.get_submodule(name)
+    except AttributeError:
+        raise ValueError(f"{name}: the state holds a sparse layer there; the model has no "
+                         "such module") from None
+    if isinstance(module, SparseLinear):
+        here = (module.meta, module.values.dtype, module.bias is not None)
+        if here == (meta, dtype, bias):
+            return
+        raise ValueError(f"{name}: the model's layer is sparsified as (n, m, L, in, out) = "
+                         f"{here[0]}, {here[1]}, bias {here[2]}; the state holds "
+                         f"{tuple(meta)}, {dtype}, bias {bias}: load into the dense model "
+                         "(load_sparse builds its layers from the state)")
     if isinstance(module, FusedSlice):
         if module.meta == meta and module.dtype == dtype and module.has_bias == bias:
             return
@@ -106,9 +155,7 @@ def _make_sparse(model: nn.Module, name: str, meta: tuple[int, ...], dtype: torc
                          f"{module.has_bias}); the state holds {tuple(meta)}, {dtype}, bias "
                          f"{bias}: load into the unfused model, then fuse_siblings")
     n, m, vec, k, out = meta
-    if isinstance(module, SparseLinear):
-        here = module.values.device
-    elif isinstance(module, nn.Linear):
+    if isinstance(module, nn.Linear):
         if (module.in_features, module.out_features) != (k, out):
             raise ValueError(f"{name}: the state holds a {k}→{out} layer; the model's is "
                              f"{module.in_features}→{module.out_features}")

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..epilogue import Activation
-from ..format import DType, NMMatrix, Pattern, prune
+from ..format import MAX_INDEX, DType, NMMatrix, Pattern, check_vec, check_width, prune
 from . import ops
 
 TORCH_DTYPES = {DType.F32: torch.float32, DType.BF16: torch.bfloat16, DType.F16: torch.float16}
@@ -26,6 +26,39 @@ def _from_numpy(array: np.ndarray) -> torch.Tensor:
     if DType.of(array) is DType.BF16:
         return torch.from_numpy(np.array(array).view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(np.array(array))
+
+
+def _check_features(in_features: int, out_features: int) -> None:
+    """Both counts integers in ``[1, MAX_INDEX]`` (the kernels index in 32 bits)."""
+    for what, count in (("in_features", in_features), ("out_features", out_features)):
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
+            raise TypeError(f"{what} = {count!r}: expected an integer")
+        if not 1 <= count <= MAX_INDEX:
+            raise ValueError(f"{what} = {count}: must be in [1, {MAX_INDEX}] (the kernels "
+                             "index in 32 bits)")
+
+
+def _check_finite_bias(bias: torch.Tensor, title: str) -> None:
+    bad = bias.numel() - int(torch.isfinite(bias).sum())
+    if bad:
+        raise ValueError(f"{title}: the bias holds {bad} non-finite values (NaN or inf): "
+                         "every output they touch would be too")
+
+
+def unreadable(values: Any, indices: Any, bias: Any) -> str | None:
+    """Why a layer's state cannot be loaded (even with ``strict=False``, which would keep
+    the layer's own tensor in place of the one missing): values without their indices or
+    the other way round, or a non-finite bias; ``None`` where it can."""
+    if (values is None) != (indices is None):
+        given, lost = ("values", "indices") if indices is None else ("indices", "values")
+        return (f"the state holds {given} without {lost}: neither means anything without "
+                "the other (strict=False would pair it with the layer's own)")
+    if bias is not None and torch.is_tensor(bias):
+        try:
+            _check_finite_bias(bias, "the state")
+        except ValueError as exc:
+            return str(exc)
+    return None
 
 
 class SparseLinear(nn.Module):
@@ -51,11 +84,10 @@ class SparseLinear(nn.Module):
         it). ``name``: how errors name the layer (``sparsify`` sets its path)."""
         super().__init__()
         pat = Pattern.parse(pattern)
-        if isinstance(vec, bool) or not isinstance(vec, int) or vec < 1:
-            raise ValueError(f"vec {vec!r}: the vector length L must be a positive integer")
-        if in_features < 1 or out_features < 1:
-            raise ValueError(f"in_features = {in_features} and out_features = "
-                             f"{out_features} must be >= 1")
+        vec = check_vec(vec)
+        _check_features(in_features, out_features)
+        in_features, out_features = int(in_features), int(out_features)
+        check_width(vec, out_features)
         dtype = dtype or torch.get_default_dtype()
         if dtype not in TORCH_DTYPES.values():
             raise TypeError(f"dtype {dtype}: nmgen takes torch.float32, torch.bfloat16 and "
@@ -82,7 +114,12 @@ class SparseLinear(nn.Module):
         """``linear`` pruned with ``nmgen.prune`` (the largest-L2-norm rows of every
         ``m``-window, the same for ``vec`` consecutive output features), on its device, in
         its dtype (float32, bfloat16 or float16), with its bias; then ``activation``."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"{name or 'from_dense'}: expected an nn.Linear, got "
+                            f"{type(linear).__name__}")
         weight = linear.weight.detach()
+        if linear.bias is not None:
+            _check_finite_bias(linear.bias.detach(), name or "the layer")
         if DType.of(weight) is None:
             raise TypeError(f"{name or 'the layer'}: weight is {weight.dtype}; nmgen takes "
                             "torch.float32, torch.bfloat16 and torch.float16")
@@ -98,6 +135,9 @@ class SparseLinear(nn.Module):
 
     def set_matrix(self, matrix: NMMatrix) -> None:
         """Take ``matrix`` (``in×out``, this layer's pattern, L and dtype) as the weight."""
+        if not isinstance(matrix, NMMatrix):
+            raise TypeError(f"{self._title()}: expected an nmgen.NMMatrix (nmgen.prune(w, ..., "
+                            f"layout='nk') of an [out, in] weight), got {type(matrix).__name__}")
         want = (self.pattern, self.vec, (self.in_features, self.out_features))
         if (matrix.pattern, matrix.vec, matrix.shape) != want:
             raise ValueError(f"{self._title()}: matrix is {matrix.shape} {matrix.pattern} "
@@ -136,7 +176,7 @@ class SparseLinear(nn.Module):
         if self._matrix is None or torch_dtype_of(self._matrix.dtype) != self.values.dtype:
             self._matrix = NMMatrix.from_compressed(
                 self.values, self.indices, self.pattern, self.vec,
-                (self.in_features, self.out_features))
+                (self.in_features, self.out_features), layout="kn")
         return self._matrix
 
     def dense_weight(self) -> torch.Tensor:
@@ -206,11 +246,16 @@ class SparseLinear(nn.Module):
                 "builds layers from the state)")
             return
         values, indices = state_dict.get(prefix + "values"), state_dict.get(prefix + "indices")
+        reason = unreadable(values, indices, state_dict.get(prefix + "bias"))
+        if reason is not None:
+            error_msgs.append(f"{prefix or 'the layer'}: {reason}")
+            return
         matrix = None
         if values is not None and indices is not None:
             try:
                 matrix = NMMatrix.from_compressed(values, indices, self.pattern, self.vec,
-                                                  (self.in_features, self.out_features))
+                                                  (self.in_features, self.out_features),
+                                                  layout="kn")
             except (ValueError, TypeError) as exc:
                 error_msgs.append(f"{prefix or 'the layer'}: {exc}")
                 return

@@ -131,7 +131,8 @@ def remember(values: torch.Tensor, indices: torch.Tensor, n: int, m: int, vec: i
     must hold the same weight), else built from the tensors (a copy to the host, validated).
     Kept while the ``values`` tensor object lives."""
     if matrix is None:
-        matrix = NMMatrix.from_compressed(values, indices, (n, m), vec, (k, values.shape[1]))
+        matrix = NMMatrix.from_compressed(values, indices, (n, m), vec, (k, values.shape[1]),
+                                          layout="kn")
     key = _key(values, indices, n, m, vec, k)
     entry = _Entry(matrix, _versions(values, indices))
     with _LOCK:

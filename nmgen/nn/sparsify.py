@@ -12,10 +12,18 @@ import torch
 from torch import nn
 
 from ..families.registry import serving
-from ..format import DType, Pattern
+from ..format import DType, Pattern, check_vec
 from ..problem import Problem
 from ..shapes import MAX_DIM
-from .fuse import FusedGroup, Groups, SkippedGroup, fuse_siblings, group_label
+from .fuse import (
+    FusedGroup,
+    FusedSlice,
+    Groups,
+    SkippedGroup,
+    check_groups,
+    fuse_siblings,
+    group_label,
+)
 from .linear import SparseLinear
 
 # Which layers: a glob on the layer's dotted name, several (any matches), or a predicate.
@@ -35,6 +43,9 @@ class LayerChange:
     params_after: int
     bytes_before: int
     bytes_after: int
+    # whether the weight already held the pattern: pruning dropped only zeros (-0.0 among
+    # them), every non-zero value kept exactly (a published 2:4 checkpoint)
+    already_sparse: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,6 +103,16 @@ class SparsifySummary:
     def bytes_saved(self) -> int:
         return self.bytes_before - self.bytes_after
 
+    @property
+    def already_sparse(self) -> int:
+        """Replaced layers whose weights already held the pattern (kept exactly)."""
+        return sum(c.already_sparse for c in self.replaced)
+
+    @property
+    def pruned(self) -> int:
+        """Replaced layers whose pruning dropped non-zero values."""
+        return len(self.replaced) - self.already_sparse
+
     def __str__(self) -> str:
         total = len(self.replaced) + len(self.skipped)
         lines = [f"sparsify {self.pattern} L={self.vec}: {len(self.replaced)} of {total} "
@@ -102,6 +123,8 @@ class SparsifySummary:
                          f"{_count(self.params_after)} ({share:.1%}); bytes "
                          f"{_size(self.bytes_before)} -> {_size(self.bytes_after)} "
                          f"(saved {_size(self.bytes_saved)})")
+            lines.append(f"  {self.already_sparse} already held {self.pattern} (kept exactly), "
+                         f"{self.pruned} pruned")
         lines += [f"  fused {f.module} ({f.activation}) into {f.layer}'s epilogue"
                   for f in self.fused]
         lines += [f"  skipped {s.name}: {s.reason}" for s in self.skipped]
@@ -121,13 +144,34 @@ def _size(n: int) -> str:
 
 
 # ------------------------------------------------------------------------ selection
-def _matcher(selector: Selector | None, default: bool) -> Callable[[str, nn.Module], bool]:
+def _matcher(selector: Selector | None, default: bool, what: str
+             ) -> Callable[[str, nn.Module], bool]:
     if selector is None:
         return lambda name, module: default
     if callable(selector):
         return selector
-    globs = [selector] if isinstance(selector, str) else list(selector)
+    globs = [selector] if isinstance(selector, str) else (
+        list(selector) if isinstance(selector, Iterable) else None)
+    if globs is None or not all(isinstance(g, str) for g in globs):
+        raise TypeError(f"{what}={selector!r}: expected a glob of layer names ('*.mlp.*'), "
+                        "a list of globs, or a predicate (name, module) -> bool")
     return lambda name, module: any(fnmatch.fnmatchcase(name, g) for g in globs)
+
+
+def _sparse_already(module: nn.Module) -> bool:
+    """A layer ``sparsify`` or ``load_sparse`` made (a fused group's holder aside: its
+    slices stand for it)."""
+    return type(module) is SparseLinear or isinstance(module, FusedSlice)
+
+
+def _again(name: str, module: nn.Module, pattern: Pattern, vec: int) -> str:
+    """Why a layer sparsified already is skipped; an error where another pattern or L is
+    asked: pruning the pruned weight again would keep fewer rows than either choice says."""
+    if (module.pattern, module.vec) == (pattern, vec):
+        return f"sparsified already ({pattern} L={vec})"
+    raise ValueError(f"{name}: sparsified already as {module.pattern} L={module.vec}, not "
+                     f"{pattern} L={vec}: sparsify the dense model again (or exclude it); "
+                     "pruning the pruned weight would keep neither choice")
 
 
 def servable(name: str, linear: nn.Module, pattern: Pattern, vec: int,
@@ -179,16 +223,28 @@ def sparsify(model: nn.Module, pattern: str | tuple[int, int] | Pattern, vec: in
     that read the same input becomes one product (``fuse_siblings``; off by default: the
     layers become ``FusedSlice`` modules whose outputs are views, and it pays only where
     the model calls them on the same tensor; ``compiled_inputs_unchanged`` as there)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     pat = Pattern.parse(pattern)
-    if isinstance(vec, bool) or not isinstance(vec, int) or vec < 1:
-        raise ValueError(f"vec {vec!r}: the vector length L must be a positive integer")
-    wanted, unwanted = _matcher(include, True), _matcher(exclude, False)
+    vec = check_vec(vec)
+    wanted, unwanted = _matcher(include, True, "include"), _matcher(exclude, False, "exclude")
+    if siblings is not None:
+        siblings = check_groups(siblings)
     summary = SparsifySummary(str(pat), vec)
     shared = _shared_weights(model)
     parents = dict(model.named_modules())
-    for name, module in list(model.named_modules()):
-        if not isinstance(module, nn.Linear) or not wanted(name, module) \
-                or unwanted(name, module):
+    layers = [(name, module) for name, module in model.named_modules()
+              if isinstance(module, nn.Linear) or _sparse_already(module)]
+    chosen = [(name, module) for name, module in layers if wanted(name, module)]
+    if include is not None and not chosen:
+        raise ValueError(f"include={include!r} matches none of the model's "
+                         f"{len(layers)} Linear layers (e.g. "
+                         f"{', '.join(n for n, _ in layers[:3]) or 'none'})")
+    for name, module in chosen:
+        if unwanted(name, module):
+            continue
+        if _sparse_already(module):
+            summary.skipped.append(SkippedLayer(name, _again(name, module, pat, vec)))
             continue
         parent_name, _, attr = name.rpartition(".")
         parent = parents.get(parent_name) if name else None
@@ -265,8 +321,13 @@ def _replace(summary: SparsifySummary, parent: nn.Module, attr: str, name: str,
         name, linear.in_features, linear.out_features, str(linear.weight.dtype)
         .removeprefix("torch."), linear.weight.numel() + bias, layer.values.numel() + bias,
         _bytes(linear.weight) + (_bytes(linear.bias) if linear.bias is not None else 0),
-        layer.state_bytes()))
+        layer.state_bytes(), _non_zeros(linear.weight) == _non_zeros(layer.values)))
     return None
+
+
+def _non_zeros(tensor: torch.Tensor) -> int:
+    """Non-zero elements (-0.0 is zero)."""
+    return int(torch.count_nonzero(tensor.detach()))
 
 
 def _bytes(tensor: torch.Tensor) -> int:

@@ -2,7 +2,7 @@
 
 Random inputs (fresh per problem), a float64 reference computed once, the output
 poisoned with NaN before every checked launch, and CUDA-event timing with rotating A
-buffers when the working set fits in L2 (DESIGN §4).
+buffers when the working set fits in L2 (docs/design.md §4).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..build.nvrtc import cupy
+from ..compiler.nvrtc import cupy
 from ..format import DType, NMMatrix, reference
 from ..problem import ALayout, Problem
 from .device import empty_like_caller, operand

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..build.nvrtc import cupy
+from ..compiler.nvrtc import cupy
 from ..format import DType
 from ..gpus import Arch, arch_of_capability
 
@@ -37,6 +37,22 @@ def device_count() -> int:
         return cupy().cuda.runtime.getDeviceCount()
     except Exception:  # no CuPy, no driver, no device: all mean "none here"
         return 0
+
+
+def driver_present() -> bool:
+    """Whether the CUDA driver library loads (without initialising CUDA: safe before a
+    fork). Elsewhere than Linux and Windows, assumed present."""
+    import ctypes
+    import sys
+
+    name = {"linux": "libcuda.so.1", "win32": "nvcuda.dll"}.get(sys.platform)
+    if name is None:
+        return True
+    try:
+        ctypes.CDLL(name)
+    except OSError:
+        return False
+    return True
 
 
 def device_info() -> DeviceInfo:

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from ..build.nvrtc import compile_module, cupy
 from ..codegen import KernelSource, render
+from ..compiler.nvrtc import compile_module, cupy
 from ..families import plan as data
 from ..families.base import Config, PreparedWeight, epilogue_of
 from ..families.registry import family_of

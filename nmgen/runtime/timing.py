@@ -1,4 +1,4 @@
-"""Timing on the device (DESIGN §4): CUDA events, warm-up, median of repeats, each
+"""Timing on the device (docs/design.md §4): CUDA events, warm-up, median of repeats, each
 timed call queued behind a short wait on the GPU, and several callables timed in turns."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..build.nvrtc import cupy
+from ..compiler.nvrtc import cupy
 from .launch import wait_kernel
 
 QUEUE_AHEAD_US = 100.0  # longer than a dispatch call's host path (~20-35 us)

@@ -3,51 +3,124 @@ times updated, ceilings. Which trial wins is not decided here (``nmgen.policy``)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from ..problem import Problem
+from ..shapes import Shape
 from ..version import __version__
 from .database import retry_on_race
 from .tables import CeilingRow, ConfigRow, GpuRow, ProblemRow, TrialRow
 
+if TYPE_CHECKING:
+    from ..families.base import Family
+
 
 @dataclass(frozen=True)
-class ProblemKey:
-    """Everything that changes which kernel is fastest or right."""
+class DeviceKey:
+    """The GPU records are measured on, as the store keys it: its table name (``h100``),
+    CUDA device name, CUDA runtime version and SM count."""
 
     gpu: str
     device_name: str
-    arch: str
     cuda_version: int
     sms: int
+
+
+@dataclass(frozen=True)
+class ProblemKey:
+    """Everything that changes which kernel is fastest or right: the problem (pattern, L,
+    A layout, arch, dtype), the shape, the GPU and the family's generator. Made by
+    ``ProblemKey.of`` alone (``of_row`` and ``at`` go through it), so that dispatch, the
+    tuner and the calibration key records alike; the store's columns are read from it."""
+
+    problem: Problem
+    shape: Shape
+    device: DeviceKey
     template_hash: str
-    n: int
-    m: int
-    vec: int
-    dtype: str
-    a_layout: str
-    rows: int
-    cols: int
-    depth: int
+
+    @classmethod
+    def of(cls, problem: Problem, shape: Sequence[int], device: DeviceKey,
+           family: Family | str) -> ProblemKey:
+        """The key of ``family``'s records of ``problem`` at ``shape`` (M, N, K) on
+        ``device``; ``family`` may be a generator hash instead (records of a generator no
+        longer current, which ``nmgen carry`` re-keys)."""
+        generator = family if isinstance(family, str) else family.generator_hash()
+        rows, cols, depth = (int(x) for x in shape)
+        return cls(problem, (rows, cols, depth), device, generator)
 
     @classmethod
     def of_row(cls, row: ProblemRow, template_hash: str | None = None) -> ProblemKey:
-        """The key of a stored problem (under another generator's hash if given)."""
+        """The key of a stored problem (under another generator's hash if given); raises
+        ``ValueError`` for an arch, layout or dtype this nmgen does not know."""
         gpu = row.gpu
-        return cls(gpu=gpu.name, device_name=gpu.device_name, arch=gpu.arch,
-                   cuda_version=gpu.cuda_version, sms=gpu.sms,
-                   template_hash=template_hash or row.template_hash, n=row.n, m=row.m,
-                   vec=row.vec, dtype=row.dtype, a_layout=row.a_layout, rows=row.rows,
-                   cols=row.cols, depth=row.depth)
+        problem = Problem(row.n, row.m, row.vec, row.a_layout, gpu.arch, row.dtype)
+        device = DeviceKey(gpu.name, gpu.device_name, gpu.cuda_version, gpu.sms)
+        return cls.of(problem, (row.rows, row.cols, row.depth), device,
+                      template_hash or row.template_hash)
+
+    def at(self, problem: Problem, shape: Sequence[int]) -> ProblemKey:
+        """The key of another problem and shape on the same GPU, of the same generator."""
+        return ProblemKey.of(problem, shape, self.device, self.template_hash)
+
+    # The store's columns, as its queries compare them.
+    @property
+    def gpu(self) -> str:
+        return self.device.gpu
 
     @property
-    def shape(self) -> tuple[int, int, int]:
-        return (self.rows, self.cols, self.depth)
+    def device_name(self) -> str:
+        return self.device.device_name
+
+    @property
+    def cuda_version(self) -> int:
+        return self.device.cuda_version
+
+    @property
+    def sms(self) -> int:
+        return self.device.sms
+
+    @property
+    def arch(self) -> str:
+        return self.problem.arch.value
+
+    @property
+    def n(self) -> int:
+        return self.problem.n
+
+    @property
+    def m(self) -> int:
+        return self.problem.m
+
+    @property
+    def vec(self) -> int:
+        return self.problem.vec
+
+    @property
+    def dtype(self) -> str:
+        return self.problem.dtype.value
+
+    @property
+    def a_layout(self) -> str:
+        return self.problem.a_layout.value
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0]
+
+    @property
+    def cols(self) -> int:
+        return self.shape[1]
+
+    @property
+    def depth(self) -> int:
+        return self.shape[2]
 
     def without_shape(self) -> tuple:
         """All but the shape: records a nearest-shape lookup may borrow from."""
@@ -178,6 +251,52 @@ def shape_times(engine: Engine, key: ProblemKey, status: str, any_cuda: bool = F
     return {shape: by_cuda[max(by_cuda)] for shape, by_cuda in runtimes.items()}
 
 
+def other_gpus_times(engine: Engine, key: ProblemKey, status: str
+                     ) -> dict[tuple[DeviceKey, str, Shape], list[tuple[float, str, dict]]]:
+    """For every shape that GPUs other than ``key``'s hold of ``key``'s problem (pattern,
+    vector length, dtype, A layout; any arch) under ``key``'s generator, by (the GPU as a
+    ``DeviceKey``, its arch, the shape): the (time, name, parameters) of each of its
+    trials of ``status``; the newest CUDA runtime's where a GPU holds a shape under
+    several."""
+    stmt = (select(GpuRow.name, GpuRow.device_name, GpuRow.arch, GpuRow.cuda_version,
+                   GpuRow.sms, ProblemRow.rows, ProblemRow.cols, ProblemRow.depth,
+                   TrialRow.time_ms, ConfigRow.name, ConfigRow.params)
+            .join(TrialRow.problem).join(ProblemRow.gpu).join(TrialRow.config_row)
+            .where(GpuRow.name != key.gpu, ProblemRow.template_hash == key.template_hash,
+                   ProblemRow.dtype == key.dtype, ProblemRow.a_layout == key.a_layout,
+                   ProblemRow.n == key.n, ProblemRow.m == key.m, ProblemRow.vec == key.vec,
+                   TrialRow.status == status))
+    runtimes: dict[tuple[str, str, Shape], dict[int, tuple[DeviceKey, list]]] = {}
+    with Session(engine) as session:
+        for (gpu, device_name, arch, cuda, sms, rows, cols, depth, time_ms, name,
+             params) in session.execute(stmt):
+            by_cuda = runtimes.setdefault((gpu, arch, (rows, cols, depth)), {})
+            device = DeviceKey(gpu, device_name, cuda, sms)
+            by_cuda.setdefault(cuda, (device, []))[1].append((time_ms, name, params))
+    out = {}
+    for (_, arch, shape), by_cuda in runtimes.items():
+        device, trials = by_cuda[max(by_cuda)]
+        out[(device, arch, shape)] = trials
+    return out
+
+
+def other_gpus_of(engine: Engine, key: ProblemKey) -> list[tuple[DeviceKey, str]]:
+    """The GPUs other than ``key``'s (with their arch) that hold problems of ``key``'s
+    generator, dtype and A layout, the newest CUDA runtime's row of each."""
+    stmt = (select(GpuRow.name, GpuRow.device_name, GpuRow.arch, GpuRow.cuda_version,
+                   GpuRow.sms).distinct()
+            .join(ProblemRow, ProblemRow.gpu_id == GpuRow.id)
+            .where(GpuRow.name != key.gpu, ProblemRow.template_hash == key.template_hash,
+                   ProblemRow.dtype == key.dtype, ProblemRow.a_layout == key.a_layout))
+    newest: dict[tuple[str, str], DeviceKey] = {}
+    with Session(engine) as session:
+        for name, device_name, arch, cuda, sms in session.execute(stmt):
+            held = newest.get((name, arch))
+            if held is None or cuda > held.cuda_version:
+                newest[(name, arch)] = DeviceKey(name, device_name, cuda, sms)
+    return [(device, arch) for (_, arch), device in sorted(newest.items())]
+
+
 # A stored problem of one family, dtype and A layout: pattern, vector length and shape.
 Related = tuple[int, int, int, tuple[int, int, int]]
 
@@ -213,14 +332,19 @@ class ProblemTrials:
 
 
 def all_problems(engine: Engine) -> list[ProblemTrials]:
-    """Every stored problem and its trials."""
+    """Every stored problem and its trials; a problem of an arch, A layout or dtype this
+    nmgen does not know (a newer one's records) is left out: nothing here runs it."""
     out = []
     with Session(engine) as session:
         for problem in session.scalars(select(ProblemRow)):
+            try:
+                key = ProblemKey.of_row(problem)
+            except ValueError:
+                continue
             trials = [(t.status, t.time_ms, t.config_row.name, t.config_row.params, t.model_ms)
                       for t in session.scalars(select(TrialRow).where(
                           TrialRow.problem_id == problem.id))]
-            out.append(ProblemTrials(ProblemKey.of_row(problem), trials))
+            out.append(ProblemTrials(key, trials))
     return out
 
 

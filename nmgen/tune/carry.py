@@ -77,7 +77,11 @@ def tree_of_revision(repo: Path, revision: str, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     archive = subprocess.run(["git", "-C", str(repo), "archive", revision, "nmgen"]
                              + (["templates"] if _has_path(repo, revision, "templates") else []),
-                             capture_output=True, check=True)
+                             capture_output=True)
+    if archive.returncode:
+        said = archive.stderr.decode(errors="replace").strip().splitlines()
+        raise ValueError(f"--from-rev {revision}: git cannot read nmgen/ of it in {repo} "
+                         f"({said[-1] if said else f'exit {archive.returncode}'})")
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
     return dest
 

@@ -10,22 +10,29 @@ import sys
 import time
 from pathlib import Path
 
-from ..build.pool import CompilePool
+from ..codegen import render
+from ..compiler.pool import CompilePool
+from ..families.base import Config
 from ..families.registry import config_from_dict
 from ..progress import Progress
 from ..store.database import connect, database_url, shipped_db
 from ..store.tables import TrialStatus
-from .studies import open_storage
-from .tuner import Tuner, compile_report, default_ahead_workers
+from .storage import open_storage
+from .tuner import Tuner, default_ahead_workers
 from .workers import run_worker, supervise
 
 TRIALS = 40
+INTERRUPTED = 130  # the exit status of a command ended by SIGINT (128 + 2)
 # ``nmgen tune --quick``: a shapes file in minutes. A study of 8 trials starts from the
 # kernels of other tuned patterns and vector lengths adapted to it and the model's best
 # three; two finalists are timed again; no cross-check of the neighbours' winners.
 QUICK_TRIALS = 8
 QUICK = {"model_seed_count": 3, "transfer_seed_count": 3, "finalists": 2,
          "cross_checks": False}
+
+
+# A dry run compiles the model's best this many configurations a problem (with nvcc).
+COMPILE_TOP = 4
 
 
 def default_trials(quick: bool) -> int:
@@ -35,6 +42,42 @@ def default_trials(quick: bool) -> int:
 def tuner_options(quick: bool) -> dict:
     """The ``Tuner`` fields ``--quick`` sets (none without it)."""
     return dict(QUICK) if quick else {}
+
+
+def check_needs(args: argparse.Namespace) -> None:
+    """What the run needs, checked before any work (the enumeration alone takes seconds):
+    a dry run compiles the model's best configurations with nvcc (``--compile-top``; by
+    default 4 where nvcc is found, else none, said so); a run that measures needs CuPy and
+    a CUDA driver."""
+    if args.dry_run:
+        args.compile_top = dry_run_compiles(args.compile_top)
+        return
+    from ..compiler.nvrtc import cupy
+    from ..runtime.device import driver_present
+
+    cupy()  # the install hint where CuPy is missing
+    if not driver_present():
+        raise RuntimeError("no CUDA driver on this machine (libcuda does not load): "
+                           "measuring kernels needs an NVIDIA GPU and its driver; "
+                           "tune --dry-run needs neither")
+
+
+def dry_run_compiles(top: int | None) -> int:
+    """How many of the model's best configurations a dry run compiles a problem."""
+    from ..compiler.nvcc import nvcc_path
+
+    found = nvcc_path() is not None
+    if top is None:
+        if not found:
+            print("nmgen tune: nvcc is not on PATH: the dry run compiles none of the "
+                  "model's best configurations (--compile-top 0 says so; install the CUDA "
+                  "toolkit to see their registers and spills)", file=sys.stderr, flush=True)
+        return COMPILE_TOP if found else 0
+    if top > 0 and not found:
+        raise RuntimeError(f"--compile-top {top}: a dry run compiles the model's best "
+                           f"configurations with nvcc, which is not on PATH: install the "
+                           "CUDA toolkit, or give --compile-top 0")
+    return top
 
 
 def transfer_engines(db_url: str) -> tuple:
@@ -87,7 +130,8 @@ def device_list(text: str | None) -> list[str]:
 
 def tune_on_devices(args: argparse.Namespace, devices: list[str], db_url: str,
                storage_url: str) -> int:
-    connect(db_url)  # tables and storage made once, before the workers race to make them
+    # tables and storage made once, before the workers race to make them
+    connect(db_url, adopt=args.force_db)
     open_storage(storage_url)
 
     def child_argv(index: int, _device: str) -> list[str]:
@@ -96,7 +140,8 @@ def tune_on_devices(args: argparse.Namespace, devices: list[str], db_url: str,
                 args.dtype, *(["--family", args.family] if args.family else []), "--trials",
                 str(args.trials), "--db", db_url, "--storage", storage_url,
                 "--worker-index", str(index), "--worker-count", str(len(devices)),
-                "--compile-top", str(args.compile_top), *(["--quick"] if args.quick else [])]
+                *(["--compile-top", str(args.compile_top)] if args.compile_top is not None
+                  else []), *(["--quick"] if args.quick else [])]
         if math.isfinite(args.time_budget):
             argv += ["--time-budget", str(args.time_budget)]
         for option, value in (("--compile-workers", args.compile_workers),
@@ -106,8 +151,14 @@ def tune_on_devices(args: argparse.Namespace, devices: list[str], db_url: str,
         return argv + ["--quiet"] + (["--dry-run"] if args.dry_run else [])
 
     start = time.monotonic()
-    code = supervise(child_argv, devices, storage_url,
-                     lambda s: print(f"nmgen tune: {s}", file=sys.stderr, flush=True))
+    try:
+        code = supervise(child_argv, devices, storage_url,
+                         lambda s: print(f"nmgen tune: {s}", file=sys.stderr, flush=True))
+    except KeyboardInterrupt:
+        print(f"nmgen tune: interrupted: every trial the workers finished is kept in "
+              f"{db_url} (storage {storage_url}); run the same command again to resume",
+              file=sys.stderr, flush=True)
+        return INTERRUPTED
     print(f"{len(devices)} workers finished in {time.monotonic() - start:.1f} s "
           f"(storage {storage_url}, results in {db_url})")
     return code
@@ -146,7 +197,8 @@ def tune_here(args: argparse.Namespace, tasks: list, db_url: str, storage_url: s
         check_device(tasks[0].gpu, info.name, info.sms, info.major, info.minor)
     prefix = f"[worker {args.worker_index}] " if args.worker_count > 1 else ""
     workers, ahead = compile_processes(args)
-    tuner = Tuner(connect(db_url), open_storage(storage_url), trials=args.trials,
+    tuner = Tuner(connect(db_url, adopt=args.force_db), open_storage(storage_url),
+                  trials=args.trials,
                   dry_run=args.dry_run, workers=workers,
                   ahead_workers=0 if args.dry_run else ahead,
                   in_flight=args.in_flight or Tuner.in_flight,
@@ -167,6 +219,9 @@ def tune_here(args: argparse.Namespace, tasks: list, db_url: str, storage_url: s
         with Progress(len(tasks), "studies", args.quiet) as bar:
             report = run_worker(tuner, tasks, args.time_budget, args.worker_index,
                                 args.worker_count, log=tuner.log, on_study_done=bar.advance)
+    except KeyboardInterrupt:
+        print(prefix + interrupted(tuner, tasks, db_url), file=sys.stderr, flush=True)
+        return INTERRUPTED
     finally:
         closing = time.monotonic()
         tuner.close()
@@ -180,6 +235,15 @@ def tune_here(args: argparse.Namespace, tasks: list, db_url: str, storage_url: s
     if args.dry_run and args.compile_top > 0:
         print_dry_run(tuner, tasks, args.compile_top)
     return 0
+
+
+def interrupted(tuner: Tuner, tasks: list, db_url: str) -> str:
+    """What an interrupted tune kept, and how to go on."""
+    done = [tuner.open_work(t)[0] for t in tasks]
+    complete = sum(n >= tuner.trials for n in done)
+    return (f"interrupted: {complete} of {len(tasks)} problems complete, {sum(done)} trials "
+            f"kept in {db_url} (each problem's best so far among them); run the same "
+            "command again to resume")
 
 
 def print_dry_run(tuner, tasks: list, top: int) -> None:
@@ -199,3 +263,17 @@ def print_dry_run(tuner, tasks: list, top: int) -> None:
                   f"regs={res['registers']} spills={res['spills']}")
 
 
+def compile_report(configs: list[Config]) -> list[dict]:
+    """Compile ``configs`` with nvcc for their arch (no GPU needed): registers, spills."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..compiler.nvcc import compile_with_nvcc
+
+    with ThreadPoolExecutor(max_workers=4) as pool:  # nvcc runs as a child process
+        compiled = list(pool.map(lambda c: compile_with_nvcc(render(c)), configs))
+    rows = []
+    for config, result in zip(configs, compiled, strict=True):
+        res = result.resources[config.name]
+        rows.append({"config": config.name, "registers": res.registers,
+                     "spills": res.spill_stores + res.spill_loads})
+    return rows

@@ -14,9 +14,8 @@ from sqlalchemy.orm import Session
 
 from ..families.registry import all_families, by_generator, config_from_name
 from ..gpus import check_device, gpu_spec
-from ..policy import problem_of
 from ..progress import Progress
-from ..store.database import default_url
+from ..store.database import database_url, default_url
 from ..store.records import ProblemKey
 from ..store.tables import ConfigRow, ProblemRow, TrialRow
 from .measurers import GpuMeasurer, ModelMeasurer
@@ -48,10 +47,11 @@ def lacking_references(engine, patterns: set[tuple[int, int]] | None
                 ProblemRow.template_hash.in_(current))):
             if patterns is not None and (row.n, row.m) not in patterns:
                 continue
-            key = ProblemKey.of_row(row)
-            problem = problem_of(key)
-            family = by_generator(key.template_hash)
-            reference = family.reference_config(problem) if problem is not None else None
+            try:
+                key = ProblemKey.of_row(row)
+            except ValueError:  # an arch, layout or dtype this nmgen does not know
+                continue
+            reference = by_generator(key.template_hash).reference_config(key.problem)
             if reference is None or (row.id, reference.name) in held:
                 continue
             lacking[key] = [reference]
@@ -71,7 +71,7 @@ def print_plan(report, top: int) -> None:
 
 def scratch_copy(url: str | None, folder: Path) -> str:
     """A copy of the SQLite database at ``url`` in ``folder`` (``carry --plan``)."""
-    url = url or default_url()
+    url = database_url(url) if url else default_url()
     if not url.startswith("sqlite:///"):
         raise ValueError(f"carry --plan works on an SQLite file, not {url}")
     copy = folder / "plan.sqlite"
@@ -95,10 +95,10 @@ def is_present(spec) -> bool:
 
 def task_of(key: ProblemKey) -> TuneTask | None:
     """The tuning task of a stored problem of a current family (else ``None``)."""
-    family, problem = by_generator(key.template_hash), problem_of(key)
-    if family is None or problem is None:
+    family = by_generator(key.template_hash)
+    if family is None:
         return None
-    return TuneTask(gpu_spec(key.gpu), family, problem, *key.shape)
+    return TuneTask(gpu_spec(key.gpu), family, key.problem, *key.shape)
 
 
 def remeasure(engine, problems: dict, dry_run: bool, quiet: bool = False) -> None:

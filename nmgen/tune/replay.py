@@ -22,7 +22,7 @@ from ..shapes import Shape
 from ..store.database import connect
 from ..store.tables import GOOD, TrialStatus
 from .measurers import INFEASIBLE_MS, Measurer, Outcome
-from .studies import open_storage
+from .storage import open_storage
 from .task import TuneTask
 from .tuner import Tuner
 

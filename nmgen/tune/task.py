@@ -10,7 +10,7 @@ from ..format import DType
 from ..gpus import GpuSpec
 from ..problem import ALayout, Problem
 from ..shapes import Shape
-from ..store.records import ProblemKey
+from ..store.records import DeviceKey, ProblemKey
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,7 @@ class TuneTask:
                 f"_l{p.vec}_{p.a_layout.value}_{self.rows}x{self.cols}x{self.depth}")
 
     def key(self, device_name: str, cuda_version: int) -> ProblemKey:
-        p = self.problem
-        return ProblemKey(gpu=self.gpu.name, device_name=device_name, arch=self.gpu.arch.value,
-                          cuda_version=cuda_version, sms=self.gpu.sms,
-                          template_hash=self.family.generator_hash(), n=p.n, m=p.m, vec=p.vec,
-                          dtype=p.dtype.value, a_layout=p.a_layout.value, rows=self.rows,
-                          cols=self.cols, depth=self.depth)
+        """The key of the task's records as measured on ``device_name`` under the CUDA
+        runtime ``cuda_version``."""
+        device = DeviceKey(self.gpu.name, device_name, cuda_version, self.gpu.sms)
+        return ProblemKey.of(self.problem, self.shape, device, self.family)

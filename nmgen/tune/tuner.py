@@ -1,53 +1,47 @@
-"""The tuner: one Optuna study per (GPU, family, dtype, pattern, L, A layout, shape).
+"""The tuner's loop: one Optuna study per (GPU, family, dtype, pattern, L, A layout,
+shape), filled batch by batch, and the confirmation of its finalists.
 
 The family's space gives the study its parameters; its model removes infeasible
 configurations before anything is compiled (they reach Optuna as constraint violations,
-not failed trials) and seeds every study with its best guesses, beside the family's
-reference kernel and the winners of shapes already tuned, ranked once a study: the worker
-that creates it stores them in it for the others. Trials come in batches: the batch
-compiles in a process pool, then each kernel is checked against the float64 reference
-once and timed with CUDA events, one at a time. Studies live in an Optuna storage (a
-journal beside a SQLite database by default), so a re-run resumes. The winner is read
-through ``nmgen.policy``.
+not failed trials). A study starts from its seeds (``nmgen.tune.seeds``), ranked once a
+study: the worker that creates it stores them in it for the others
+(``nmgen.tune.studies``). Trials come in batches: the batch compiles in a process pool,
+then each kernel is checked against the float64 reference once and timed with CUDA
+events, one at a time. Once a study's batches are over, its fastest few are timed again
+in turns (``Tuner.confirm``). Studies live in an Optuna storage (``nmgen.tune.storage``),
+so a re-run resumes. The winner is read through ``nmgen.policy``.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import sys
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 from sqlalchemy.engine import Engine
 
-from ..cache import cache_file, load_or_build
-from ..calibration import shipped_calibration
 from ..codegen import render
-from ..families.base import Config, Ranker
+from ..families.base import Config
 from ..families.registry import config_from_dict
-from ..policy import (
-    RelatedRecord,
-    Winner,
-    best_per_problem,
-    pick_winner,
-    reference_name,
-    related_records,
-)
-from ..shapes import shape_distance
+from ..policy import Winner, best_per_problem, pick_winner, reference_name
 from ..store.records import ProblemKey, record_trial, shape_times, trials_of, update_times
 from ..store.tables import GOOD, TrialStatus
 from .measurers import INFEASIBLE_MS, GpuMeasurer, ModelMeasurer
+from .seeds import (
+    SEEDS_FROM_MODEL,
+    SEEDS_FROM_TRANSFER,
+    Seeder,
+    nearest_winners,
+    reference_seed,
+)
 from .task import TuneTask
 
-SEEDS_FROM_MODEL = 6
-SEEDS_FROM_TUNED = 3
-SEEDS_FROM_TRANSFER = 3  # kernels of other tuned patterns and vector lengths, adapted
 # Finalists: the fastest few of a problem are timed again, in turns, before one wins. One
 # timing a configuration picks the luckiest of dozens (bench and tuning runs disagreed by
 # up to 78 % on short problems); the family's reference kernel is always among them.
@@ -85,49 +79,6 @@ def _tell(study: optuna.Study, trial: optuna.Trial, value: float, violation: flo
     trial.set_constraint("valid", violation)
     trial.set_user_attr("violation", violation)
     study.tell(trial, value)
-
-
-def _seed_table(task: TuneTask) -> Ranker:
-    """Where a study's model seeds come from: the family's seed candidates ranked by its
-    model, built once a problem and space and ranked for each shape (in a few
-    milliseconds; ranking afresh took 0.3-0.4 s a study). Kept on disk too: building it
-    took ~1 s before every worker's first study; in memory once a process (loading it
-    took 0.39 s a study)."""
-    return _seed_table_of(task.family, task.gpu, task.problem, task.space)
-
-
-@functools.lru_cache(maxsize=16)
-def _seed_table_of(family: Any, gpu: Any, problem: Any, space: Any) -> Ranker:
-    def build() -> Ranker:
-        candidates = [c for c in family.seed_candidates(problem, space) if space.contains(c)]
-        return family.ranker(candidates, gpu)
-
-    sources = family.source_files()
-    path = cache_file("rank", (family.name, gpu, problem, space), sources)
-    return load_or_build(path, build, object)
-
-
-@functools.lru_cache(maxsize=1024)
-def model_seeds(task: TuneTask, count: int) -> tuple[Config, ...]:
-    """The model's best feasible configurations, one a seed shape, and the best of the
-    family's variants of the first where the model expects it faster; cached, as a
-    study's seeds are asked for ahead of it (compile ahead) and again when it runs."""
-    ranked = _seed_table(task).rank(*task.shape)
-    seeds: list[Config] = []
-    shapes_seen: set[tuple] = set()
-    for _, config in ranked:  # one configuration a seed shape: diverse first guesses
-        shape = task.family.seed_shape(config)
-        if shape not in shapes_seen:
-            shapes_seen.add(shape)
-            seeds.append(config)
-        if len(seeds) == count:
-            break
-    if seeds:
-        variants = task.family.seed_variants(seeds[0], task.space)
-        best_variant = task.family.ranker(variants, task.gpu).rank(*task.shape)
-        if best_variant and best_variant[0][0] < ranked[0][0]:
-            seeds.insert(1, best_variant[0][1])
-    return tuple(seeds[:count])
 
 
 # ------------------------------------------------------------------ running
@@ -220,7 +171,7 @@ class Tuner:
 
     def open_work(self, task: TuneTask) -> tuple[int, int]:
         """(complete, running) trials of ``task``'s study, (0, 0) before it exists."""
-        from .studies import fail_stale
+        from .liveness import fail_stale
 
         try:
             study = optuna.load_study(study_name=self.study_name(task), storage=self.storage)
@@ -268,9 +219,10 @@ class Tuner:
         winner = self.winner_of(measurer.key)
         report = TuneReport(task, self._done(study), measured, winner,
                             time.monotonic() - start, statuses, phases)
-        self.log(f"{self.study_name(task)}: {report.trials} trials ({measured} measured "
-                 "here), " + (f"best {winner.time_ms:.4f} ms {winner.config.name}" if winner
-                              else "no correct kernel") + f" [{report.seconds:.2f} s: {phases}]")
+        best = (f"best {winner.time_ms:.4f} ms {winner.config.name}" if winner
+                else "no correct kernel")
+        self.log(f"{self.study_name(task)}: {report.trials} trials ({_here(statuses)}), "
+                 f"{best} [{report.seconds:.2f} s: {phases}]")
         return report
 
     def remeasure(self, task: TuneTask, configs: Sequence[Config],
@@ -343,7 +295,7 @@ class Tuner:
         new = [t for t in tasks if t.study_name not in self._ahead_done]
         # Every study starts with the reference kernel, the slowest of its seeds to compile: it
         # goes first, as it needs no ranking of the space (the first ranking takes seconds).
-        queued = self._pool().ahead([c for t in new for c in _feasible(t, _reference_seed(t))])
+        queued = self._pool().ahead([c for t in new for c in _feasible(t, reference_seed(t))])
         for task in new:
             self._ahead_done.add(task.study_name)
             seeds = self.stored_seeds(task)  # another worker's study: ranked there
@@ -417,7 +369,8 @@ class Tuner:
 
     def _run_batch(self, study: optuna.Study, task: TuneTask, measurer, wanted: int,
                    statuses: dict[str, int], phases: Phases) -> Generator[Any, None, None]:
-        from .studies import ask, heartbeat, writes_held
+        from .liveness import ask, heartbeat
+        from .storage import writes_held
 
         with phases("optuna"):
             asked = [ask(study) for _ in range(wanted)]
@@ -486,7 +439,7 @@ class Tuner:
         return surplus
 
     def _pool(self):
-        from ..build.pool import CompilePool
+        from ..compiler.pool import CompilePool
 
         if self._compile_pool is None:
             self._compile_pool = CompilePool(self.workers, self.ahead_workers)
@@ -522,61 +475,15 @@ class Tuner:
             seed_study(study, [task.space.values_of(c) for c in seeds], [c.name for c in seeds])
         return study
 
+    def seeder(self) -> Seeder:
+        """Where this tuner's studies start (``nmgen.tune.seeds``), by its settings as
+        they are now; the transfer's records are kept across studies."""
+        return Seeder(self.engine, self.status, self.model_seed_count,
+                      self.transfer_seed_count, self.transfer_engines, self._related)
+
     def seeds(self, task: TuneTask, key: ProblemKey) -> list[Config]:
-        """What a study tries first, in this order: the family's hand-picked reference
-        configuration (the reference no tuned shape should fall below; ``confirm`` times
-        it again beside the finalists), the winners of the nearest shapes already tuned,
-        the kernels of other tuned patterns and vector lengths adapted to the problem
-        (``transfer_seed_count``), then the model's best guesses."""
-        seeds = [*_reference_seed(task), *self.neighbours(task, key),
-                 *self.transferred(task, key), *model_seeds(task, self.model_seed_count)]
-        return [c for c in dict.fromkeys(seeds) if task.space.contains(c)]
-
-    def transferred(self, task: TuneTask, key: ProblemKey) -> list[Config]:
-        """The ``transfer_seed_count`` best by the calibrated model of the kernels that tuned
-        problems of other patterns and vector lengths (of this family, dtype and A
-        layout; in this database and ``transfer_engines``) won, adapted to ``task``."""
-        from ..transfer import MODEL, ranked
-
-        if self.transfer_seed_count <= 0:
-            return []
-        records = self._related_records(task, key)
-        if not records:
-            return []
-        gpu_key = replace(key, gpu=task.gpu.name)
-        calibration = shipped_calibration(task.family, gpu_key, task.gpu)
-        found = ranked(task.family, task.problem, task.shape, task.gpu, calibration, records,
-                       model_count=0)
-        return [c.config for c in found if c.origin != MODEL
-                and task.space.contains(c.config)][:self.transfer_seed_count]
-
-    def _related_records(self, task: TuneTask, key: ProblemKey) -> list[RelatedRecord]:
-        """Tuned problems of ``task``'s family, dtype and A layout and another pattern or
-        vector length (those a transfer adapts): this database's (a dry run's estimates in
-        a dry run), then those of ``transfer_engines`` (measured, on ``task``'s GPU) that
-        it lacks. This database's problems of ``task``'s pattern are not read: the tune
-        fills them, and reading their trials twice a study took 30 ms a study by the end
-        of a 100-shape dry run, 3 of its 20 s."""
-        status = self.status
-        found = {(r.n, r.m, r.vec, r.shape): r
-                 for r in related_records(self.engine, key, status=status,
-                                          other_patterns=True)}
-        other_key = replace(key, gpu=task.gpu.name)
-        cache_key = (other_key.gpu, other_key.arch, other_key.template_hash, other_key.dtype,
-                     other_key.a_layout)
-        if cache_key not in self._related:
-            self._related[cache_key] = [r for engine in self.transfer_engines
-                                        for r in related_records(engine, other_key)]
-        own = (key.n, key.m, key.vec)
-        for record in self._related[cache_key]:
-            if (record.n, record.m, record.vec) != own:
-                found.setdefault((record.n, record.m, record.vec, record.shape), record)
-        return list(found.values())
-
-    def neighbours(self, task: TuneTask, key: ProblemKey) -> list[Config]:
-        """The winners of the nearest shapes tuned so far (nearest first, at most
-        ``SEEDS_FROM_TUNED`` distinct configurations)."""
-        return nearest_winners(key.shape, self.winners(key))
+        """What ``task``'s study tries first (``Seeder.seeds``)."""
+        return self.seeder().seeds(task, key)
 
     @staticmethod
     def _planned(study: optuna.Study) -> int:
@@ -588,37 +495,14 @@ class Tuner:
                                     states=(optuna.trial.TrialState.COMPLETE,)))
 
 
-def nearest_winners(shape: tuple[int, int, int], winners: dict[tuple[int, int, int], Winner]
-                    ) -> list[Config]:
-    """The winners of the shapes nearest ``shape`` among ``winners`` (by shape; nearest
-    first, at most ``SEEDS_FROM_TUNED`` distinct configurations)."""
-    nearest = sorted(((s, w) for s, w in winners.items() if s != shape),
-                     key=lambda sw: (shape_distance(sw[0], shape), sw[1].config.name))
-    return list(dict.fromkeys(w.config for _, w in nearest))[:SEEDS_FROM_TUNED]
-
-
-def _reference_seed(task: TuneTask) -> list[Config]:
-    """The family's reference kernel for ``task``, where it has one in the space."""
-    reference = task.family.reference_config(task.problem)
-    return [reference] if reference is not None and task.space.contains(reference) else []
-
-
 def _feasible(task: TuneTask, configs: Sequence[Config]) -> list[Config]:
     """Those of ``configs`` that fit ``task``'s GPU (the rest are never compiled)."""
     return [c for c in configs if task.family.feasible(c, task.gpu) is None]
 
 
-def compile_report(configs: list[Config]) -> list[dict]:
-    """Compile ``configs`` with nvcc for their arch (no GPU needed): registers, spills."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from ..build.nvcc import compile_with_nvcc
-
-    with ThreadPoolExecutor(max_workers=4) as pool:  # nvcc runs as a child process
-        compiled = list(pool.map(lambda c: compile_with_nvcc(render(c)), configs))
-    rows = []
-    for config, result in zip(configs, compiled, strict=True):
-        res = result.resources[config.name]
-        rows.append({"config": config.name, "registers": res.registers,
-                     "spills": res.spill_stores + res.spill_loads})
-    return rows
+def _here(statuses: dict[str, int]) -> str:
+    """What this worker did to a study: trials timed, or a dry run's model estimates."""
+    estimated = statuses.get(TrialStatus.MODEL, 0)
+    if estimated:
+        return f"{estimated} estimated by the model here, none measured"
+    return f"{statuses.get(TrialStatus.OK, 0)} measured here"

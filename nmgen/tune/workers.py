@@ -5,7 +5,7 @@ Each worker walks round the list of problems (``walk_order``), so the workers st
 different shapes and then help wherever a study is still short of trials; under a time
 budget, a first pass gives every study one batch before any gets more. A worker leaves
 when every study has its trials; while others still run the last ones it waits, failing
-stale trials (a dead worker's: ``studies.fail_dead``, or heartbeats) so that they are
+stale trials (a dead worker's: ``liveness.fail_dead``, or heartbeats) so that they are
 redone, and saying every ``WAIT_LOG_S`` whose trials it waits for.
 """
 
@@ -25,7 +25,9 @@ from typing import Any
 
 import optuna
 
-from .studies import fail_dead, fail_orphans, give_back_waiting, open_storage, owner
+from .liveness import fail_dead, fail_orphans, owner
+from .storage import open_storage
+from .studies import give_back_waiting
 from .task import TuneTask
 from .tuner import AHEAD_STUDIES, Phases, Tuner, TuneReport
 
@@ -170,7 +172,7 @@ def run_worker(tuner: Tuner, tasks: Sequence[TuneTask], time_budget_s: float = m
 def _fail_dead(tuner: Tuner, tasks: Sequence[TuneTask], waiting: _Waiting,
                log: Callable[[str], None]) -> int:
     """Fail the running trials of dead workers in ``tasks``' studies and enqueue their
-    retries (``studies.fail_dead``); notes in ``waiting`` whose trials still run. Returns
+    retries (``liveness.fail_dead``); notes in ``waiting`` whose trials still run. Returns
     how many were failed."""
     failed: Counter = Counter()
     waiting.trials, waiting.studies = Counter(), 0
@@ -384,7 +386,7 @@ def supervise(child_argv: Callable[[int, str], list[str]], devices: Sequence[str
               storage_url: str, log: Callable[[str], None]) -> int:
     """Run one worker process per device (``CUDA_VISIBLE_DEVICES`` set to it) and wait.
     A worker that dies has its running trials failed and re-enqueued for the others."""
-    host = socket.gethostname()  # a worker's id is host:pid (studies.worker_id)
+    host = socket.gethostname()  # a worker's id is host:pid (liveness.worker_id)
     procs = {}
     for i, device in enumerate(devices):
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": device,

@@ -1,5 +1,5 @@
 """``KernelConfig``: one instance of the FP32 SIMT template, validated, named and
-serialisable (DESIGN §2). Its rules are the family's resource rules."""
+serialisable (docs/design.md §2). Its rules are the family's resource rules."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The analytic model (DESIGN §3): what a configuration needs and how fast it should run.
+"""The analytic model (docs/design.md §3): what a configuration needs and how fast it should run.
 
 Feasibility per GPU (shared memory, registers, threads), block arithmetic intensity,
 occupancy, wave quantization and a roofline time. The tuner uses it to drop infeasible
@@ -17,6 +17,7 @@ import numpy as np
 
 from ...gpus import REGISTERS_PER_SM, SMEM_PER_SM, GpuSpec
 from ...problem import ALayout
+from ...shapes import Shape
 from ..base import Ranked
 from .config import MAX_REGISTERS, ATile, KernelConfig
 from .copy_plan import copy_chunk_rows, pipelined
@@ -354,6 +355,11 @@ def estimate(config: KernelConfig, gpu: GpuSpec, m_rows: int, n_cols: int, k: in
                     fixed.per_sm, float(p["wave_efficiency"][0]), fixed.issue_efficiency)
 
 
+def estimate_ms(config: KernelConfig, gpu: GpuSpec, shape: Shape) -> float:
+    """``estimate``'s time of ``config`` on ``shape`` (M, N, K)."""
+    return estimate(config, gpu, *shape).time_ms
+
+
 class RankTable:
     """The feasible configurations of ``configs`` on ``gpu``, ready to be ranked for any
     shape: the tuner ranks the same space for every study of a pattern."""
@@ -372,6 +378,11 @@ class RankTable:
         """By predicted time (ties by name: deterministic)."""
         times = self.predicted_ms(m_rows, n_cols, k)
         return Ranked(times, np.lexsort((self._name_order, times)), self.configs)
+
+
+def rank_table(configs: Sequence[KernelConfig], gpu: GpuSpec) -> RankTable:
+    """The feasible ones of ``configs`` ranked for any shape (ties by name)."""
+    return RankTable(configs, gpu)
 
 
 def rank(configs: Sequence[KernelConfig], gpu: GpuSpec, m_rows: int, n_cols: int, k: int

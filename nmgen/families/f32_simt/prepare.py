@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...format import NMMatrix
-from ..base import PreparedWeight
+from ..base import PreparedWeight, check_weight
 from .config import KernelConfig
 
 
@@ -42,15 +42,16 @@ def _ceil_to(a: int, b: int) -> int:
     return -(-a // b) * b
 
 
-def prepare_layout(b: NMMatrix, config: KernelConfig) -> PreparedWeight:
+def layout_key(config: KernelConfig) -> LayoutKey:
+    """What the layout ``prepare`` makes for ``config`` depends on."""
+    return LayoutKey.of(config)
+
+
+def prepare(b: NMMatrix, config: KernelConfig) -> PreparedWeight:
     """Build the kernel-side layout of ``b`` for ``config`` (checks that they match):
     arrays ``values`` (Wp×Np float32), ``pos`` (NB×T×G×WS int32, or uint16 where the key
     says 2-byte entries) and ``rows`` (NB×T×P int32 with packing, else one unused int)."""
-    if (config.n, config.m, config.vec) != (b.n, b.m, b.vec):
-        raise ValueError(
-            f"kernel {config.name} is for {config.n}:{config.m} L={config.vec}; "
-            f"the weight is {b.pattern} L={b.vec}"
-        )
+    check_weight(b, config)
     start = time.perf_counter()
     key = LayoutKey.of(config)
     n, m, vec = b.n, b.m, b.vec

@@ -1,6 +1,6 @@
 """The decode family's model: the bytes it must move over the bandwidth it can draw, plus
 a launch and, with split-K, the partial sums' traffic and the last block's sum. At small M
-the weight's compressed values and indices are almost all of the traffic (DESIGN §9); the
+the weight's compressed values and indices are almost all of the traffic (docs/design.md §9); the
 model charges the re-reads that several row blocks make (from L2 where the weight fits
 there), the loads a thread keeps in flight, and the compute that grows with the rows of A
 a block holds. Groups of rows loaded ahead (``prefetch``) add to the bytes in flight."""
@@ -116,6 +116,11 @@ def _columns(configs: tuple[GemvConfig, ...]) -> dict[str, np.ndarray]:
     table = {f: np.array([getattr(c, f) for c in configs], dtype=np.float64) for f in fields}
     table["itemsize"] = np.array([c.dtype.itemsize for c in configs], dtype=np.float64)
     return table
+
+
+def rank_table(configs: Sequence[GemvConfig], gpu: GpuSpec) -> RankTable:
+    """The feasible ones of ``configs`` ranked for any shape (ties by name)."""
+    return RankTable(list(configs), gpu)
 
 
 @dataclass

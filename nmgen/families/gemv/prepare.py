@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...format import NMMatrix
-from ..base import PreparedWeight
+from ..base import PreparedWeight, check_weight
 from .config import GemvConfig
 
 
@@ -24,9 +24,7 @@ def layout_key(config: GemvConfig) -> LayoutKey:
 
 
 def prepare(b: NMMatrix, config: GemvConfig) -> PreparedWeight:
-    if (config.n, config.m, config.vec) != (b.n, b.m, b.vec):
-        raise ValueError(f"kernel {config.name} is for {config.n}:{config.m} L={config.vec}; "
-                         f"the weight is {b.pattern} L={b.vec}")
+    check_weight(b, config)
     start = time.perf_counter()
     key = layout_key(config)
     rows = b._values.shape[0]

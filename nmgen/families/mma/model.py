@@ -6,7 +6,7 @@ L2 that the tiling implies (``tensor_core.model``).
 
 - Throughput: an SM issues one warp instruction a cycle on each of its ``SUBCORES``
   schedulers, moves 128 bytes of shared memory a cycle, and runs ``mma.sync`` m16n8k16 at
-  ``TENSOR_TFLOPS`` of the GPU (the H100's 650 is measured, DESIGN §8; ``wgmma`` is not
+  ``TENSOR_TFLOPS`` of the GPU (the H100's 650 is measured, docs/design.md §8; ``wgmma`` is not
   used). A warp stays on one scheduler: fewer resident warps than ``SUBCORES`` leave the
   others idle.
 - Latency: a warp's iteration of the copy or the gather loop is a chain of dependent

@@ -1,69 +1,47 @@
-"""``TensorCoreFamily``: the family methods that the tensor-core families answer alike,
-from their configuration class, their folder (templates, ``render.py``) and this
-package's weight layout and launch plan."""
+"""``TensorCoreFamily``: what the tensor-core families answer alike, beyond the
+``ModularFamily`` convention: this package's weight layout and launch plan (the modules
+their own packages lack), the transpose of row-major A and its template."""
 
 from __future__ import annotations
 
-import functools
-import inspect
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from ...cache import cache_file, load_or_build
-from ...format import NMMatrix
+from ...gpus import Arch
 from ...problem import Problem
-from ..base import EPILOGUE_TEMPLATE, TRANSPOSE_TEMPLATE, Family, PreparedWeight
+from ..base import EPILOGUE_TEMPLATE, TRANSPOSE_TEMPLATE, ModularFamily, PreparedWeight
 from ..plan import Call, Device, LaunchPlan
-from ..space import SearchSpace
-from . import SOURCES, launch, prepare, transpose
-from .config import TensorCoreConfig
+from . import launch, transpose
+from .config import DTYPES, TensorCoreConfig
+
+MAX_SERVED_M = 64  # the largest window size m the families serve
 
 
-class TensorCoreFamily(Family):
-    """A family of one template (``template``, in its folder's ``templates``, with the
-    arguments of its ``render.py``) and one configuration class (``config_type``)."""
+class TensorCoreFamily(ModularFamily):
+    """A family of one template and one configuration class (``config_type``), whose
+    weight layout and launch plan are this package's; it serves BF16 and FP16 problems
+    of the vector lengths ``served_vecs`` on the targets ``archs``."""
 
-    config_type: ClassVar[type[TensorCoreConfig]]
-    template: ClassVar[str]
+    dtypes = DTYPES
+    served_vecs: ClassVar[frozenset[int]]
+    archs: ClassVar[frozenset[Arch]]
+    archs_named: ClassVar[str]  # the targets, for people: "sm_80 or newer"
+    base_package = __package__
+    shared_templates = (EPILOGUE_TEMPLATE, TRANSPOSE_TEMPLATE)
     # A tile wider than L spans several index sets, each gathering its own A rows: the
     # model misjudges such tiles differently at each L (results/untuned_h100/bf16_vec_terms/)
     calibrate_by_vec = True
 
-    @property
-    def folder(self) -> Path:
-        """The family's package."""
-        return Path(inspect.getfile(type(self))).resolve().parent
-
-    def config_from_dict(self, values: dict[str, Any]) -> TensorCoreConfig:
-        return self.config_type.from_dict(values)
-
-    def config_from_name(self, name: str) -> TensorCoreConfig | None:
-        if not name.startswith(f"nm_{self.name}_"):
-            return None
-        return self.config_type.from_name(name)
-
-    def seed_candidates(self, problem: Problem, space: SearchSpace) -> list[TensorCoreConfig]:
-        return list(enumeration(self, problem, space))
-
-    @property
-    def templates(self) -> Path:
-        return self.folder / "templates"
-
-    def template_name(self, config: TensorCoreConfig) -> str:
-        return self.template
-
-    def generator_files(self) -> tuple[Path, ...]:
-        return (self.templates / self.template, EPILOGUE_TEMPLATE, TRANSPOSE_TEMPLATE,
-                self.folder / "render.py")
-
-    def source_files(self) -> tuple[Path, ...]:
-        return super().source_files() + SOURCES
-
-    def prepare(self, weight: NMMatrix, config: TensorCoreConfig) -> PreparedWeight:
-        return prepare.prepare(weight, config)
-
-    def layout_key(self, config: TensorCoreConfig) -> Any:
-        return prepare.layout_key(config)
+    def serves(self, problem: Problem) -> str | None:
+        refused = super().serves(problem)
+        if refused is not None:
+            return refused
+        if problem.arch not in self.archs:
+            return f"{self.name} kernels need {self.archs_named}"
+        if problem.vec not in self.served_vecs:
+            return f"{self.name} kernels take L in {sorted(self.served_vecs)}"
+        if problem.m > MAX_SERVED_M:
+            return f"{self.name} kernels take m <= {MAX_SERVED_M}"
+        return None
 
     def plan(self, config: TensorCoreConfig, weight: PreparedWeight, shape: tuple[int, int],
              call: Call, device: Device) -> LaunchPlan:
@@ -72,12 +50,3 @@ class TensorCoreFamily(Family):
         if config.a_copied:
             return transpose.plan(config, weight, shape, call, device)
         return launch.plan(config, weight, shape, call, device)
-
-
-@functools.cache
-def enumeration(family: TensorCoreFamily, problem: Problem, space: SearchSpace
-                ) -> tuple[TensorCoreConfig, ...]:
-    """Every valid configuration of ``space`` for ``problem`` (cached in the process and on
-    disk)."""
-    path = cache_file("space", (family.name, problem, space), family.source_files())
-    return load_or_build(path, lambda: tuple(space.enumerate(problem)), tuple)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...format import NMMatrix
-from ..base import PreparedWeight
+from ..base import PreparedWeight, check_weight
 from .config import TensorCoreConfig
 
 
@@ -50,12 +50,7 @@ def stage_count(config: TensorCoreConfig, depth: int) -> int:
 
 
 def prepare(b: NMMatrix, config: TensorCoreConfig) -> PreparedWeight:
-    if (config.n, config.m, config.vec) != (b.n, b.m, b.vec):
-        raise ValueError(f"kernel {config.name} is for {config.n}:{config.m} L={config.vec}; "
-                         f"the weight is {b.pattern} L={b.vec}")
-    if b.dtype is not config.dtype:
-        raise ValueError(f"kernel {config.name} takes {config.dtype.value} values; the weight "
-                         f"holds {b.dtype.value}")
+    check_weight(b, config)
     start = time.perf_counter()
     w_rows = stage_count(config, b.shape[0]) * config.bk
     cols = ceil_div(b.padded_cols, column_block(config)) * column_block(config)

@@ -1,7 +1,7 @@
 """Compiling through NVRTC into CuPy's on-disk kernel cache, and the one import of CuPy.
 
 The runtime loads compiled kernels from that cache (``nmgen.runtime.launch``); the
-compile processes of ``nmgen.build.pool`` fill it ahead of timing without making a CUDA
+compile processes of ``nmgen.compiler.pool`` fill it ahead of timing without making a CUDA
 context of their own. ``cupy()`` is the only place nmgen imports CuPy.
 """
 

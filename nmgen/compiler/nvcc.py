@@ -1,6 +1,6 @@
 """Compiling generated source with ``nvcc`` (no GPU needed): cubin/PTX and the ptxas report.
 
-Launching compiles through NVRTC in CuPy (``nmgen.build.nvrtc``); this module serves export,
+Launching compiles through NVRTC in CuPy (``nmgen.compiler.nvrtc``); this module serves export,
 dry runs and the CPU tests, which must work where no GPU driver is present. Results are
 cached on disk, keyed by the source, the target, the options and the nvcc version.
 """
