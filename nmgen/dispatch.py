@@ -22,11 +22,16 @@ each, the lookup takes the first of:
    as ``other_gpu``;
 6. ``model``: the family's model's choice.
 
-Across families, first the evidence of this GPU (and a record of another GPU that comes
-before it, as in 5), then that of other GPUs, then the models' choices; within each, the
-decision from the nearest record wins (an exact one is at distance 0, a transfer at the
-distance of its nearest tuned problem), then a family that tunes the shape before one
-that does not, then the source in that order, then the time; but another family's record
+Across families, first the records of this GPU of the problem (and a record of another GPU
+that comes before them, as in 5), then other GPUs' records of it, then the estimates:
+transfers (4, and 5's from other GPUs' problems) and the models' choices, which are times
+the model computes for a kernel nobody timed on this problem. Among records, the decision
+from the nearest record wins (an exact one is at distance 0), then a family that tunes the
+shape before one that does not, then the source in that order, then the time; among
+estimates, a family that tunes the shape first, then the shorter estimate (a transfer of
+the gemv kernels of L = 128 to element-wise 2:4 came before the sparse-tensor-core model's
+choice and ran 0.05-0.9x dense BF16 at M = 1-64 where that choice ran 1.25-1.6x:
+docs/engineering-notes.md). Among records, though, another family's record
 whose time, scaled to the shape by its model, is ``MUCH_FASTER`` ahead comes first (a
 slow family's exact record does not hide a fast family's record of a neighbouring
 shape). The user's database comes first, then the one shipped with nmgen. A fallback is
@@ -103,8 +108,9 @@ EXACT = frozenset({"exact", "exact-other-cuda"})  # this GPU's records of the ve
 # measurement on GPUs that have both; NMGEN_OTHER_GPU_FIRST=0 sets it off.
 OTHER_GPU_FIRST = os.environ.get("NMGEN_OTHER_GPU_FIRST", "1").strip().lower() not in (
     "0", "off", "false", "no")
-# Decision tiers, ranked first across families: this GPU's evidence, other GPUs', the model.
-OWN, OTHER_GPUS, MODEL = 0, 1, 2
+# Decision tiers, ranked first across families: this GPU's records of the problem, other
+# GPUs', and the estimates (transfers from other problems, the models' choices).
+OWN, OTHER_GPUS, ESTIMATES = 0, 1, 2
 MEASURED = frozenset({"exact", "quick"})  # what a quick tune would not improve on
 TUNE_MODES = ("quick",)
 QUICK_CANDIDATES = 4  # kernels a quick tune times
@@ -131,14 +137,18 @@ class Decision:
     in_regime: bool = True  # whether the family tunes the shape (``Family.tunes``)
     # a record's time scaled to the shape asked by its family's model (exact: its time)
     at_shape_ms: float | None = None
-    tier: int = OWN  # OWN, OTHER_GPUS or MODEL: whose evidence it is
+    tier: int = OWN  # OWN, OTHER_GPUS or ESTIMATES: whose evidence it is
 
     def rank(self) -> tuple:
-        """Across families: this GPU's evidence, then other GPUs', then the models'; in
-        each, the record of the nearest shape first (an exact one is at 0; families
+        """Across families: this GPU's records, then other GPUs', then the estimates. Among
+        records, the record of the nearest shape first (an exact one is at 0; families
         tuned at other M do not mislead one another), then a family built for the shape
         before one that is not, then the source, then the time (comparable where the
-        shapes are the same), then the name."""
+        shapes are the same), then the name. Among estimates, a family built for the
+        shape first, then the estimated time, then the source, then the name."""
+        if self.tier == ESTIMATES:
+            return (self.tier, not self.in_regime, self.time_ms or 0.0,
+                    SOURCES.index(self.source), self.distance, self.config.name)
         return (self.tier, self.distance, not self.in_regime, SOURCES.index(self.source),
                 self.time_ms or 0.0, self.config.name)
 
@@ -310,7 +320,7 @@ class Dispatcher:
         if config is None:
             return None
         return Decision(config, "model", family.estimate_ms(config, gpu, shape), math.inf,
-                        in_regime=family.tunes(shape), tier=MODEL)
+                        in_regime=family.tunes(shape), tier=ESTIMATES)
 
     def _recorded(self, family: Family, key: ProblemKey, shape: tuple[int, int, int],
                   gpu: GpuSpec) -> Decision | None:
@@ -350,7 +360,8 @@ class Dispatcher:
         if not candidates:
             return None
         best = candidates[0]
-        return Decision(best.config, "transfer", best.estimate_ms, distance, best.origin)
+        return Decision(best.config, "transfer", best.estimate_ms, distance, best.origin,
+                        family.tunes(shape), tier=ESTIMATES)
 
     def _borrowed(self, family: Family, problem: Problem, shape: tuple[int, int, int],
                   key: ProblemKey, gpu: GpuSpec) -> Decision | None:
@@ -395,7 +406,7 @@ class Dispatcher:
             decision = self._transfer(family, problem, shape, key, gpu, records, calibration)
             if decision is not None:
                 names = "+".join(sorted({k.gpu for k in gpus}))
-                return dataclasses.replace(decision, source="other_gpu", tier=OTHER_GPUS,
+                return dataclasses.replace(decision, source="other_gpu",
                                            origin=f"{names}: {decision.origin}")
         return None
 

@@ -26,6 +26,11 @@ COMPUTE_SHARE = 0.5  # of FP32 peak the FMAs reach (a shared-memory read each)
 # The share of the compute that the memory stream does not hide (issue slots the loads
 # need too); it also keeps a block from holding rows of A the problem does not have.
 COMPUTE_EXPOSED = 0.25
+# FMAs an SM issues for each shared-memory load it can (128 FP32 lanes, 32 load lanes a
+# clock). An index serves L columns: where L is below this, each column's FMA reads its own
+# element of A, and the loads, not the FMAs, bound the compute (element-wise 2:4 at L = 1
+# ran 1.9-3.9x this model's time without it on an H200, geomean by M = 1-64).
+FMAS_PER_LOAD = 4
 # A group of rows loaded ahead is in flight over the FMAs of the group before it: counted at
 # this share of its bytes (the ring fills and drains at a slice's ends, and a thread's
 # extra registers cost warps elsewhere in the model).
@@ -84,7 +89,8 @@ def _predict(configs: Sequence[GemvConfig], gpu: GpuSpec, rows: int, cols: int, 
     memory_ms = np.maximum(dram / (gpu.dram_gbs * 1e9 * share),
                            through_l2 / (gpu.l2_gbs * 1e9 * share)) * 1e3
     flops = 2.0 * row_blocks * c["rows"] * w_rows * n_padded
-    compute_ms = flops / (gpu.peak_fp32_tflops * 1e12 * COMPUTE_SHARE) * 1e3
+    gathered = np.maximum(1.0, FMAS_PER_LOAD / c["vec"])
+    compute_ms = gathered * flops / (gpu.peak_fp32_tflops * 1e12 * COMPUTE_SHARE) * 1e3
     waves = np.ceil(blocks / (gpu.sms * per_sm))
     sync_ms = waves * (1 + 2 * (c["lanes"] - 1)) * SYNC_CYCLES / (CLOCK_GHZ * 1e6)
     # With several slices, each tile's last block adds them after the rest are done.
