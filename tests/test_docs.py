@@ -155,6 +155,13 @@ def test_a_figure_is_held_only_by_a_number_that_rounds_to_it():
     assert not held_by("0.93", "10.937 and 0.9372") and not held_by("2.17", "2.175e3")
 
 
+def summary_of(record: Path) -> str:
+    """A record's text, less a bench table's per-shape part (``## Every shape``: a README
+    figure is a summary's, and hundreds of per-shape numbers would hold almost any)."""
+    text = record.read_text(errors="ignore")
+    return text.split("\n## Every shape", 1)[0] if record.suffix == ".md" else text
+
+
 def results_figures(body: str) -> tuple[list[str], str]:
     """A results section's decimal figures, and the text of the records it cites (files,
     and the files under cited folders)."""
@@ -164,7 +171,7 @@ def results_figures(body: str) -> tuple[list[str], str]:
         target = ROOT / path
         files = [target] if target.is_file() else sorted(target.rglob("*")) if target.is_dir() \
             else []
-        text += [f.read_text(errors="ignore") for f in files
+        text += [summary_of(f) for f in files
                  if f.is_file() and f.suffix in (".md", ".txt", ".json", ".csv", ".log")]
     prose = re.sub(r"`[^`]*`", "", body)  # names and paths are not figures
     prose = re.sub(r"\]\([^)]*\)", "]", prose)  # nor are image links
