@@ -28,6 +28,7 @@ from ..gpus import table_name
 from ..problem import ALayout, Problem
 from ..runtime.check import random_weight, tolerance
 from ..runtime.device import device_info
+from ..runtime.launch import upload_layouts
 from ..runtime.timing import time_ms
 from ..shapes import Shape
 from .report import CSV_DTYPE, geomean, markdown_table
@@ -196,6 +197,7 @@ def _one(dispatcher: Dispatcher, weights: _Weights, m_rows: int, bandwidth: floa
     out = torch.empty(m_rows, cols, device="cuda", dtype=a.dtype)
     error = _error(dispatcher, a, nm[0], weights.reference, out)
     for weight in nm[1:]:  # each copy laid out on the device before the timing
+        upload_layouts(nm[0], weight)
         dispatcher(a, weight, out=out)
     nmgen_ms = time_ms(lambda i: dispatcher(a, nm[i % len(nm)], out=out), repeat=repeat)
     problem = Problem(weights.pattern.n, weights.pattern.m, weights.vec, layout,
