@@ -82,6 +82,20 @@ def device_weight(b: NMMatrix, config: Config) -> tuple[DeviceWeight, PreparedWe
         return weight, host
 
 
+def upload_layouts(source: NMMatrix, target: NMMatrix) -> None:
+    """Gives ``target``, a copy of ``source``'s weight, a device copy of its own of every
+    layout ``source`` holds and it lacks, from ``source``'s host arrays (not prepared
+    again: a bench's rotated copies of one weight)."""
+    with _LOCK:
+        for key, cached in list(source._prepared.items()):
+            if key in target._prepared or key[0] == "plan":
+                continue
+            weight, host = cached
+            fresh = DeviceWeight({name: upload(a) for name, a in host.arrays.items()},
+                                 weight.host_seconds, weight.upload_seconds)
+            target._prepared[key] = (fresh, host)
+
+
 # ------------------------------------------------------------------------ launches
 def _params(args: list[ctypes._SimpleCData]) -> ctypes.Array:
     """The ``void**`` block ``cuLaunchKernel`` takes, pointing at ``args`` in place."""
