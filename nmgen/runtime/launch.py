@@ -70,16 +70,20 @@ def device_weight(b: NMMatrix, config: Config) -> tuple[DeviceWeight, PreparedWe
     key = (family.name, family.layout_key(config), current_device())
     with _LOCK:
         cached = b._prepared.get(key)
-        if cached is not None:
-            return cached
-        host = family.prepare(b, config)
-        start = time.perf_counter()
-        weight = DeviceWeight({name: upload(a) for name, a in host.arrays.items()},
-                              host.seconds, 0.0)
-        cupy().cuda.Stream.null.synchronize()
-        weight.upload_seconds = time.perf_counter() - start
-        b._prepared[key] = (weight, host)
-        return weight, host
+        if cached is None:
+            host = family.prepare(b, config)
+            cached = b._prepared[key] = (_uploaded(host), host)
+        return cached
+
+
+def _uploaded(host: PreparedWeight) -> DeviceWeight:
+    """``host``'s arrays on the current device, timed."""
+    start = time.perf_counter()
+    weight = DeviceWeight({name: upload(a) for name, a in host.arrays.items()},
+                          host.seconds, 0.0)
+    cupy().cuda.Stream.null.synchronize()
+    weight.upload_seconds = time.perf_counter() - start
+    return weight
 
 
 def upload_layouts(source: NMMatrix, target: NMMatrix) -> None:
@@ -88,12 +92,8 @@ def upload_layouts(source: NMMatrix, target: NMMatrix) -> None:
     again: a bench's rotated copies of one weight)."""
     with _LOCK:
         for key, cached in list(source._prepared.items()):
-            if key in target._prepared or key[0] == "plan":
-                continue
-            weight, host = cached
-            fresh = DeviceWeight({name: upload(a) for name, a in host.arrays.items()},
-                                 weight.host_seconds, weight.upload_seconds)
-            target._prepared[key] = (fresh, host)
+            if key not in target._prepared and isinstance(cached, tuple):  # not a plan
+                target._prepared[key] = (_uploaded(cached[1]), cached[1])
 
 
 # ------------------------------------------------------------------------ launches
