@@ -30,8 +30,8 @@ from the nearest record wins (an exact one is at distance 0), then a family that
 shape before one that does not, then the source in that order, then the time; among
 estimates, a family that tunes the shape first, then the shorter estimate (a transfer of
 the gemv kernels of L = 128 to element-wise 2:4 came before the sparse-tensor-core model's
-choice and ran 0.05-0.9x dense BF16 at M = 1-64 where that choice ran 1.25-1.6x:
-docs/engineering-notes.md). Among records, though, another family's record
+choice and ran 0.05-0.91x dense BF16 at M = 1-64 where that choice runs 1.32-1.46x by M:
+results/sptc_h200/llama/). Among records, though, another family's record
 whose time, scaled to the shape by its model, is ``MUCH_FASTER`` ahead comes first (a
 slow family's exact record does not hide a fast family's record of a neighbouring
 shape). The user's database comes first, then the one shipped with nmgen. A fallback is
@@ -147,7 +147,8 @@ class Decision:
         shapes are the same), then the name. Among estimates, a family built for the
         shape first, then the estimated time, then the source, then the name."""
         if self.tier == ESTIMATES:
-            return (self.tier, not self.in_regime, self.time_ms or 0.0,
+            return (self.tier, not self.in_regime,
+                    math.inf if self.time_ms is None else self.time_ms,
                     SOURCES.index(self.source), self.distance, self.config.name)
         return (self.tier, self.distance, not self.in_regime, SOURCES.index(self.source),
                 self.time_ms or 0.0, self.config.name)

@@ -204,3 +204,27 @@ def test_bf16_untuned_bench_run(tmp_path, layout):
     assert record["dtype"] == "bf16" and record["dense"] == "cuBLAS BF16 GEMM"
     assert "| 2:4 | 32 | bf16 | 2 |" in (out / "untuned.md").read_text()
     assert not (out / "untuned.partial.csv").exists()
+
+
+def test_rotated_copies_get_device_buffers_of_their_own_from_one_layout():
+    """The decode bench's copies of a weight: ``upload_layouts`` gives each its own device
+    buffers of the layout prepared once (the same host arrays, equal contents)."""
+    import dataclasses
+
+    import cupy as cp
+
+    from nmgen.families.sptc.config import SptcConfig
+    from nmgen.format import DType
+    from nmgen.runtime.check import random_weight
+    from nmgen.runtime.launch import device_weight, upload_layouts
+
+    config = SptcConfig.from_name("nm_sptc_bf16_n2m4l1_b128x16x128_g1_s8_k1_rm_sm90a")
+    first = random_weight(np.random.default_rng(), 2, 4, 1, 300, 200, dtype=DType.BF16)
+    weight, host = device_weight(first, config)
+    copy = dataclasses.replace(first, _prepared={})
+    upload_layouts(first, copy)
+    copied, copied_host = device_weight(copy, config)  # found, not prepared again
+    assert copied_host is host and set(copied.arrays) == set(weight.arrays)
+    for name, array in weight.arrays.items():
+        assert copied.arrays[name].data.ptr != array.data.ptr
+        assert bool(cp.array_equal(copied.arrays[name], array)), name

@@ -143,3 +143,17 @@ def test_bf16_bench_plot_and_table_from_rows(tmp_path):
     table = summary_table(rows)
     assert "| 8:32 | 128 | bf16 | 1024 | 1 | 2.50x |" in table
     assert "| 2:4 | 128 | bf16 | 2048 | 1 | 1.43x |" in table and "1.36x" in table
+
+
+def test_decode_csv_holds_the_share_of_a_device_copys_bandwidth(tmp_path):
+    """``bandwidth_frac``: the weight's bytes over the time against the copy's bandwidth."""
+    import csv
+
+    from nmgen.bench.decode import DecodeRow, write_csv
+
+    row = DecodeRow("8:32", 128, "rm", "bf16", 1, 4096, 4096, 0.002, 0.004, None,
+                    6_000_000, 4000.0, 1e-3, "model", "cfg", "h200", 5_000_000)
+    write_csv([row], tmp_path / "bench.csv")
+    (written,) = csv.DictReader((tmp_path / "bench.csv").read_text().splitlines())
+    assert float(written["achieved_gbs"]) == 2500.0  # 5 MB the kernel reads in 2 us
+    assert float(written["bandwidth_frac"]) == 0.625  # of 4,000 GB/s

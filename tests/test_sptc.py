@@ -218,3 +218,15 @@ def test_a_transfer_of_another_family_does_not_outrank_a_shorter_estimate(m_toke
     assert all(d.tier == ESTIMATES for d in ranking)
     assert ranking[0].config.family == "sptc"
     assert [d.time_ms for d in ranking] == sorted(d.time_ms for d in ranking)
+
+
+def test_a_groups_slots_hold_its_non_zero_positions_first_then_the_lowest_unused():
+    from nmgen.families.sptc.prepare import NON_ZEROS, SLOTS
+
+    for mask in range(16):
+        positions = [p for p in range(4) if mask >> p & 1]
+        assert NON_ZEROS[mask] == len(positions)
+        if len(positions) > 2:
+            continue
+        unused = [p for p in range(4) if p not in positions]
+        assert list(SLOTS[mask]) == sorted(positions + unused[:2 - len(positions)])

@@ -74,10 +74,22 @@ class ConfigRecord:
     and ``replace``, which validates the result as construction does."""
 
     family: ClassVar[str]
+    # Fields held as enums and as bools, made so from what records and JSON hold.
+    enum_fields: ClassVar[dict[str, type[Enum]]] = {}
+    flag_fields: ClassVar[tuple[str, ...]] = ()
     # Parameters added after kernels were first tuned, by their default: left out of the
     # record there, so that an older kernel's stored parameters, name, generated header and
     # source stay as they were (its tuned records carry over: ``nmgen.tune.carry``).
     later_parameters: ClassVar[dict[str, Any]] = {}
+
+    def __post_init__(self) -> None:
+        """Construction, from values or a record's: the enums, the flags and the epilogue
+        from what records hold, then the family's rules (``check_rules``)."""
+        coerce_enums(self, self.enum_fields)
+        coerce_epilogue(self)
+        for name in self.flag_fields:
+            object.__setattr__(self, name, bool(getattr(self, name)))
+        self.check_rules()
 
     def to_dict(self) -> dict[str, Any]:
         d = epilogue_json(dataclasses.asdict(self), self)  # type: ignore[call-overload]

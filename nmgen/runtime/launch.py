@@ -70,16 +70,30 @@ def device_weight(b: NMMatrix, config: Config) -> tuple[DeviceWeight, PreparedWe
     key = (family.name, family.layout_key(config), current_device())
     with _LOCK:
         cached = b._prepared.get(key)
-        if cached is not None:
-            return cached
-        host = family.prepare(b, config)
-        start = time.perf_counter()
-        weight = DeviceWeight({name: upload(a) for name, a in host.arrays.items()},
-                              host.seconds, 0.0)
-        cupy().cuda.Stream.null.synchronize()
-        weight.upload_seconds = time.perf_counter() - start
-        b._prepared[key] = (weight, host)
-        return weight, host
+        if cached is None:
+            host = family.prepare(b, config)
+            cached = b._prepared[key] = (_uploaded(host), host)
+        return cached
+
+
+def _uploaded(host: PreparedWeight) -> DeviceWeight:
+    """``host``'s arrays on the current device, timed."""
+    start = time.perf_counter()
+    weight = DeviceWeight({name: upload(a) for name, a in host.arrays.items()},
+                          host.seconds, 0.0)
+    cupy().cuda.Stream.null.synchronize()
+    weight.upload_seconds = time.perf_counter() - start
+    return weight
+
+
+def upload_layouts(source: NMMatrix, target: NMMatrix) -> None:
+    """Gives ``target``, a copy of ``source``'s weight, a device copy of its own of every
+    layout ``source`` holds and it lacks, from ``source``'s host arrays (not prepared
+    again: a bench's rotated copies of one weight)."""
+    with _LOCK:
+        for key, cached in list(source._prepared.items()):
+            if key not in target._prepared and isinstance(cached, tuple):  # not a plan
+                target._prepared[key] = (_uploaded(cached[1]), cached[1])
 
 
 # ------------------------------------------------------------------------ launches

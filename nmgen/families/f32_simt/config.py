@@ -14,7 +14,7 @@ from ...epilogue import NO_EPILOGUE, Epilogue
 from ...format import MAX_M, DType
 from ...gpus import REGISTERS_PER_SM, Arch
 from ...problem import ALayout
-from ..space import ConfigError, ConfigRecord, coerce_enums, coerce_epilogue
+from ..space import ConfigError, ConfigRecord
 
 
 class ATile(str, Enum):
@@ -72,14 +72,10 @@ class KernelConfig(ConfigRecord):
     epilogue: Epilogue = NO_EPILOGUE
     family: ClassVar[str] = FAMILY
     later_parameters: ClassVar[dict[str, Any]] = LATER_PARAMETERS
+    enum_fields: ClassVar[dict[str, type[Enum]]] = {"a_layout": ALayout, "a_tile": ATile,
+                                                     "arch": Arch}
+    flag_fields: ClassVar[tuple[str, ...]] = ("packing", "stream_k", "tma")
 
-    def __post_init__(self) -> None:
-        coerce_enums(self, {"a_layout": ALayout, "a_tile": ATile, "arch": Arch})
-        coerce_epilogue(self)
-        object.__setattr__(self, "packing", bool(self.packing))
-        object.__setattr__(self, "stream_k", bool(self.stream_k))
-        object.__setattr__(self, "tma", bool(self.tma))
-        self.check_rules()
 
     # ----------------------------------------------------------------- derived sizes
     @property

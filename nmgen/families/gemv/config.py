@@ -6,13 +6,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, ClassVar
 
 from ...epilogue import NO_EPILOGUE, Epilogue
 from ...format import MAX_M, DType
 from ...gpus import REGISTERS_PER_SM, Arch
 from ...problem import ALayout
-from ..space import ConfigError, ConfigRecord, coerce_enums, coerce_epilogue
+from ..space import ConfigError, ConfigRecord
 
 FAMILY = "gemv"
 MAX_THREADS = 1024
@@ -48,11 +49,8 @@ class GemvConfig(ConfigRecord):
     epilogue: Epilogue = NO_EPILOGUE  # bias and activation on the output (not tuned)
     family: ClassVar[str] = FAMILY
     later_parameters: ClassVar[dict[str, Any]] = LATER_PARAMETERS
-
-    def __post_init__(self) -> None:
-        coerce_enums(self, {"a_layout": ALayout, "arch": Arch, "dtype": DType})
-        coerce_epilogue(self)
-        self.check_rules()
+    enum_fields: ClassVar[dict[str, type[Enum]]] = {"a_layout": ALayout, "arch": Arch,
+                                                     "dtype": DType}
 
     @property
     def threads(self) -> int:

@@ -16,13 +16,14 @@ import functools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import Enum
 from typing import ClassVar, Self
 
 from ...epilogue import NO_EPILOGUE, Epilogue
 from ...format import MAX_M, DType
 from ...gpus import REGISTERS_PER_SM, Arch
 from ...problem import ALayout
-from ..space import ConfigError, ConfigRecord, coerce_enums, coerce_epilogue
+from ..space import ConfigError, ConfigRecord
 
 FAMILY = "sptc"
 TARGET = "sm_90a"  # wgmma.mma_async.sp needs the arch-specific target
@@ -103,11 +104,8 @@ class SptcConfig(ConfigRecord):
     dtype: DType = DType.BF16
     epilogue: Epilogue = NO_EPILOGUE  # bias and activation on the output (not tuned)
     family: ClassVar[str] = FAMILY
-
-    def __post_init__(self) -> None:
-        coerce_enums(self, {"a_layout": ALayout, "arch": Arch, "dtype": DType})
-        coerce_epilogue(self)
-        self.check_rules()
+    enum_fields: ClassVar[dict[str, type[Enum]]] = {"a_layout": ALayout, "arch": Arch,
+                                                     "dtype": DType}
 
     # ----------------------------------------------------------------- derived sizes
     @property

@@ -34,6 +34,17 @@ GROUP = 4  # the hardware's 2:4 groups along K
 MMAS_PER_STAGE = STAGE_K // MMA_K
 
 
+def _slots(mask: int) -> list[int]:
+    """The two positions a group of non-zero ``mask`` (bit p: position p) keeps: its
+    non-zero ones first, then unused ones, each in ascending order; the two sorted."""
+    return sorted(sorted(range(GROUP), key=lambda p: not mask >> p & 1)[:2])
+
+
+# By a group's non-zero mask: its two slots' positions, and how many are non-zero.
+SLOTS = np.array([_slots(mask) for mask in range(2**GROUP)], np.uint8)
+NON_ZEROS = np.array([bin(mask).count("1") for mask in range(2**GROUP)], np.uint8)
+
+
 @dataclass(frozen=True)
 class LayoutKey:
     """One layout for the whole family."""
@@ -71,15 +82,17 @@ def prepare(b: NMMatrix, config: SptcConfig) -> PreparedWeight:
 
 
 def dense_columns(b: NMMatrix, first: int, last: int, kp: int) -> np.ndarray:
-    """Columns ``first:last`` of the logical weight, ``kp`` rows (zeros past K)."""
+    """Columns ``first:last`` of the logical weight, transposed: ``last - first`` rows of
+    ``kp`` (zeros past K)."""
     depth = b.shape[0]
     kept = b.kept_rows()  # W×G
     cols = np.arange(first, last)
-    rows = kept[:, cols // b.vec]
-    values = b._values[:, first:last]
+    rows = kept[:, cols // b.vec].T  # c × W
+    values = b._values[:, first:last].T
     inside = rows < depth
-    dense = np.zeros((kp, last - first), b._values.dtype)
-    dense[rows[inside], np.broadcast_to(cols - first, rows.shape)[inside]] = values[inside]
+    dense = np.zeros((last - first, kp), b._values.dtype)
+    dense[np.broadcast_to((cols - first)[:, None], rows.shape)[inside], rows[inside]] = \
+        values[inside]
     return dense
 
 
@@ -87,9 +100,12 @@ def two_of_four(b: NMMatrix, first: int, last: int, kp: int) -> tuple[np.ndarray
     """Columns ``first:last`` as (kept values ``c × Kp/4 × 2``, their positions ``c × Kp/4 ×
     2`` uint8, ascending); raises ``ValueError`` naming the first group of four that holds
     more than two non-zero elements."""
-    dense = dense_columns(b, first, last, kp).T.reshape(last - first, kp // GROUP, GROUP)
+    dense = dense_columns(b, first, last, kp).reshape(last - first, kp // GROUP, GROUP)
     nonzero = dense.astype(np.float32) != 0  # -0.0 is zero
-    counts = nonzero.sum(axis=2)
+    mask = np.zeros(nonzero.shape[:2], np.uint8)
+    for position in range(GROUP):
+        mask |= nonzero[..., position].astype(np.uint8) << position
+    counts = NON_ZEROS[mask]
     if counts.max(initial=0) > 2:
         column, group = np.argwhere(counts > 2)[0]
         k0 = int(group) * GROUP
@@ -98,12 +114,9 @@ def two_of_four(b: NMMatrix, first: int, last: int, kp: int) -> tuple[np.ndarray
             f"group of four along K (2:4); column {first + int(column)} holds "
             f"{int(counts[column, group])} in rows {k0}-{k0 + 3} (pattern {b.pattern}, "
             f"L={b.vec}: window {k0 // b.m} of {b.m} rows)")
-    # The non-zero positions first, in ascending order (a stable sort of "is zero"), then
-    # unused ones: two distinct positions a group, sorted.
-    order = np.argsort(~nonzero, axis=2, kind="stable")[..., :2]
-    order.sort(axis=2)
-    kept = np.take_along_axis(dense, order, axis=2)
-    return kept, order.astype(np.uint8)
+    order = SLOTS[mask]  # two distinct positions a group, sorted (``_slots``)
+    kept = np.take_along_axis(dense, order.astype(np.intp), axis=2)
+    return kept, order
 
 
 def metadata(nibbles: np.ndarray) -> np.ndarray:

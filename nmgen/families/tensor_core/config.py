@@ -12,13 +12,14 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterator
+from enum import Enum
 from typing import Any, ClassVar, Self
 
 from ...epilogue import Epilogue
 from ...format import MAX_M, DType
 from ...gpus import REGISTERS_PER_SM, Arch
 from ...problem import ALayout
-from ..space import ConfigError, ConfigRecord, coerce_enums, coerce_epilogue
+from ..space import ConfigError, ConfigRecord
 
 DTYPES = frozenset({DType.BF16, DType.F16})
 MAX_REGISTERS = 255
@@ -43,6 +44,9 @@ class TensorCoreConfig(ConfigRecord):
     sizes, validation (the rules in order, the family's among them), the name and its
     parsing. The dataclass declares the fields, the family's rules and sizes."""
 
+    enum_fields: ClassVar[dict[str, type[Enum]]] = {"a_layout": ALayout, "arch": Arch,
+                                                     "dtype": DType}
+
     n: int
     m: int
     vec: int  # L
@@ -64,11 +68,6 @@ class TensorCoreConfig(ConfigRecord):
     arch_suffix: ClassVar[str] = ""  # after the arch in the name (``a``: arch-specific)
     name_re: ClassVar[re.Pattern[str]]  # ``name_pattern`` of the family
     name_example: ClassVar[str]
-
-    def __post_init__(self) -> None:
-        coerce_enums(self, {"a_layout": ALayout, "arch": Arch, "dtype": DType})
-        coerce_epilogue(self)
-        self.check_rules()
 
     # ----------------------------------------------------------------- derived sizes
     @property

@@ -33,7 +33,7 @@ from ...epilogue import NO_EPILOGUE, Epilogue
 from ...format import DType
 from ...gpus import REGISTERS_PER_SM, Arch
 from ...problem import ALayout
-from ..space import ConfigError, coerce_enums
+from ..space import ConfigError
 from ..tensor_core.config import (
     ELEMENT_BYTES,
     MAX_REGISTERS,
@@ -120,15 +120,13 @@ class WgmmaConfig(TensorCoreConfig):
     producer: Producer = Producer.SHARED  # who copies the stages in
     family: ClassVar[str] = FAMILY
     later_parameters: ClassVar[dict[str, Any]] = LATER_PARAMETERS
+    enum_fields: ClassVar[dict[str, type[Enum]]] = {**TensorCoreConfig.enum_fields,
+                                                     "producer": Producer}
     warp_fields: ClassVar[tuple[str, ...]] = ("warpgroups",)
     arch_suffix: ClassVar[str] = "a"
     name_re: ClassVar[re.Pattern[str]] = name_pattern(FAMILY, r"g(?P<warpgroups>\d+)", "a",
                                                       rf"(?P<producer>{'|'.join(PRODUCER_TAGS.values())})?")
     name_example: ClassVar[str] = "nm_wgmma_bf16_n8m32l128_b128x128x64_g2_s4_km_sm90a"
-
-    def __post_init__(self) -> None:
-        coerce_enums(self, {"producer": Producer})
-        super().__post_init__()
 
     # ----------------------------------------------------------------- derived sizes
     @property
