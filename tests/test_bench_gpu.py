@@ -11,7 +11,6 @@ import sys
 import numpy as np
 import pytest
 
-from nmgen.families.f32_simt.config import KernelConfig
 from nmgen.families.f32_simt.space import core_config
 from nmgen.families.registry import config_from_name
 from nmgen.gpus import Arch
