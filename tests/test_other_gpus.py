@@ -291,3 +291,33 @@ def test_tune_and_show_stay_exact_per_gpu(h100_only):
     assert tuner.seeder().neighbours(task, key) == []
     assert tuner.seeder().transferred(task, key) == []
     assert {row["gpu"] for row in summary(connect(h100_only))} == {"h100"}
+
+
+def test_a_tune_on_a_new_gpu_starts_from_other_gpus_kernels_of_the_problem(h100_only):
+    """The H200 tunes a problem the H100 holds: the H100's kernels, fastest moved here
+    first, are among the first seeds it measures (a quick H200 tune without them found
+    8:32 records that ran 0.73-1.18x the H100's moved there); nothing of the H100's is
+    an H200 record."""
+    from nmgen.tune.seeds import SEEDS_FROM_OTHER_GPUS
+    from nmgen.tune.task import TuneTask
+    from nmgen.tune.tuner import Tuner
+
+    tuner = Tuner(connect(h100_only), storage=None)
+    task = TuneTask(gpu_spec("h200"), F32_SIMT, F32_PROBLEM, *SHAPE)
+    key = task.key(H200_DEVICE.name, 13000)
+    moved = Dispatcher([h100_only], device=H200_DEVICE, calibrate=False)._ranking(
+        F32_PROBLEM, SHAPE)[0]
+    seeds = tuner.seeds(task, key)
+    from_others = tuner.seeder().other_gpus(task, key)
+    assert set(from_others) == {FAST, SLOW} and from_others[0] == moved.config
+    assert set(from_others) <= set(seeds[:1 + len(from_others)])  # after the reference
+    assert 1 <= SEEDS_FROM_OTHER_GPUS <= 4
+    assert tuner.winner_of(key) is None
+    # Another shape of the problem: the H100's nearest record seeds it too (a decode
+    # family tunes only its regime; the f32 family tunes every shape).
+    far = TuneTask(gpu_spec("h200"), F32_SIMT, F32_PROBLEM, 2048, 4096, 4096)
+    assert tuner.seeder().other_gpus(far, far.key(H200_DEVICE.name, 13000))
+    # An A100 (sm_80) takes only the kernels it can build: none of them needs TMA here.
+    a100 = TuneTask(gpu_spec("a100"), F32_SIMT, Problem(8, 32, 32, arch=Arch.SM80), *SHAPE)
+    assert all(c.arch is Arch.SM80 and not c.tma for c in tuner.seeder().other_gpus(
+        a100, a100.key(A100_DEVICE.name, 13000)))
