@@ -23,9 +23,10 @@ each, the lookup takes the first of:
 6. ``model``: the family's model's choice.
 
 Across families, first the records of this GPU of the problem (and a record of another GPU
-that comes before them, as in 5), then other GPUs' records of it, then the estimates:
-transfers (4, and 5's from other GPUs' problems) and the models' choices, which are times
-the model computes for a kernel nobody timed on this problem. Among records, the decision
+that comes before them, as in 5), then other GPUs' records of the very shape, then the
+estimates: transfers (4, and 5's from other GPUs' problems), other GPUs' records of other
+shapes (their times moved here by the model) and the models' choices, which are times the
+model computes for a kernel nobody timed on this problem. Among records, the decision
 from the nearest record wins (an exact one is at distance 0), then a family that tunes the
 shape before one that does not, then the source in that order, then the time; among
 estimates, a family that tunes the shape first, then the shorter estimate (a transfer of
@@ -382,10 +383,21 @@ class Dispatcher:
         if not found:
             return None
         best = found[0]
-        first = self.other_gpu_first and best.same_arch and best.distance == 0
         return Decision(best.config, "other_gpu", best.estimate_ms, best.distance,
                         best.origin, family.tunes(shape), best.estimate_ms,
-                        OWN if first else OTHER_GPUS)
+                        self._borrowed_tier(best.same_arch, best.distance))
+
+    def _borrowed_tier(self, same_arch: bool, distance: float) -> int:
+        """Another GPU's record of the very shape is a record of the problem (before this
+        GPU's nearest records and transfers, where ``other_gpu_first`` and the GPU is of
+        this architecture); one of another shape, its time moved to this GPU and to the
+        shape by the model, is an estimate, ranked by time with the models' choices (on an
+        H200, the H100's nearest 2:4 L = 128 records ranked first ran 0.68x dense BF16 at
+        M = 8 and 32, the sparse-tensor-core model's choice 1.42x / 1.39x:
+        results/other_gpus_h200/order/)."""
+        if distance > 0:
+            return ESTIMATES
+        return OWN if self.other_gpu_first and same_arch else OTHER_GPUS
 
     def _transfer_from_other_gpus(self, family: Family, problem: Problem,
                                   shape: tuple[int, int, int], key: ProblemKey,

@@ -114,6 +114,39 @@ def test_another_gpus_exact_record_and_this_gpus_nearest_are_ordered_by_a_settin
         F32_PROBLEM, SHAPE).source == "exact"
 
 
+def test_another_gpus_record_of_another_shape_is_an_estimate_ranked_by_time(h100_only):
+    """The H100's record of a neighbouring shape, moved here, is an estimate: it ranks with
+    the models' choices by time, not before them (the H100's nearest 2:4 L = 128 records,
+    ranked first, ran 0.68x dense BF16 on an H200 at M = 8 and 32 where the
+    sparse-tensor-core model's choice ran 1.42x / 1.39x: results/other_gpus_h200/order/).
+    Its record of the very shape stays a record of the problem."""
+    dispatcher = Dispatcher([h100_only], device=H200_DEVICE)
+    elsewhere = (512, 4096, 4096)
+    borrowed_there = dispatcher._ranking(F32_PROBLEM, elsewhere)
+    f32 = next(d for d in borrowed_there if d.config.family == F32_SIMT.name)
+    assert f32.source == "other_gpu" and f32.distance > 0 and f32.tier == DISPATCH.ESTIMATES
+    assert all(d.tier == DISPATCH.ESTIMATES for d in borrowed_there)
+    times = [d.time_ms for d in borrowed_there if d.in_regime]
+    assert times == sorted(times)
+    exact = dispatcher._ranking(F32_PROBLEM, SHAPE)[0]
+    assert (exact.source, exact.distance, exact.tier) == ("other_gpu", 0, DISPATCH.OWN)
+    after = Dispatcher([h100_only], device=H200_DEVICE, other_gpu_first=False)
+    assert after._ranking(F32_PROBLEM, SHAPE)[0].tier == DISPATCH.OTHER_GPUS
+
+
+def test_shipped_h100_records_of_other_shapes_do_not_outrank_the_sptc_model_on_an_h200():
+    """2:4 L = 128 bf16 decode on an H200, shapes nobody tuned: the H100's `wgmma` and
+    `gemv` records of the Llama shapes, moved here, ran 0.42-1.29x dense; the
+    sparse-tensor-core model's choice, 1.2-3.7x faster than them, now runs."""
+    dispatcher = Dispatcher(None, device=DeviceInfo("NVIDIA H200", 132, 9, 0, 13020))
+    problem = Problem(2, 4, 128, arch=Arch.SM90, dtype=DType.BF16)
+    for shape in ((8, 3584, 18944), (32, 4096, 14336), (1, 18944, 3584)):
+        ranking = dispatcher._ranking(problem, shape)
+        assert ranking[0].config.family == "sptc", shape
+        assert {d.source for d in ranking[1:]} == {"other_gpu"}
+        assert all(d.tier == DISPATCH.ESTIMATES for d in ranking)
+
+
 def test_an_sm90_only_kernel_is_never_run_on_an_sm80_gpu(tmp_path):
     """H100 records on an A100: the wgmma record (sm_90a instructions) is never read, the
     fastest mma record does not fit the A100's shared memory, a TMA kernel of the FP32
@@ -258,3 +291,33 @@ def test_tune_and_show_stay_exact_per_gpu(h100_only):
     assert tuner.seeder().neighbours(task, key) == []
     assert tuner.seeder().transferred(task, key) == []
     assert {row["gpu"] for row in summary(connect(h100_only))} == {"h100"}
+
+
+def test_a_tune_on_a_new_gpu_starts_from_other_gpus_kernels_of_the_problem(h100_only):
+    """The H200 tunes a problem the H100 holds: the H100's kernels, fastest moved here
+    first, are among the first seeds it measures (a quick H200 tune without them found
+    8:32 records that ran 0.73-1.18x the H100's moved there); nothing of the H100's is
+    an H200 record."""
+    from nmgen.tune.seeds import SEEDS_FROM_OTHER_GPUS
+    from nmgen.tune.task import TuneTask
+    from nmgen.tune.tuner import Tuner
+
+    tuner = Tuner(connect(h100_only), storage=None)
+    task = TuneTask(gpu_spec("h200"), F32_SIMT, F32_PROBLEM, *SHAPE)
+    key = task.key(H200_DEVICE.name, 13000)
+    moved = Dispatcher([h100_only], device=H200_DEVICE, calibrate=False)._ranking(
+        F32_PROBLEM, SHAPE)[0]
+    seeds = tuner.seeds(task, key)
+    from_others = tuner.seeder().other_gpus(task, key)
+    assert set(from_others) == {FAST, SLOW} and from_others[0] == moved.config
+    assert set(from_others) <= set(seeds[:1 + len(from_others)])  # after the reference
+    assert 1 <= SEEDS_FROM_OTHER_GPUS <= 4
+    assert tuner.winner_of(key) is None
+    # Another shape of the problem: the H100's nearest record seeds it too (a decode
+    # family tunes only its regime; the f32 family tunes every shape).
+    far = TuneTask(gpu_spec("h200"), F32_SIMT, F32_PROBLEM, 2048, 4096, 4096)
+    assert tuner.seeder().other_gpus(far, far.key(H200_DEVICE.name, 13000))
+    # An A100 (sm_80) takes only the kernels it can build: none of them needs TMA here.
+    a100 = TuneTask(gpu_spec("a100"), F32_SIMT, Problem(8, 32, 32, arch=Arch.SM80), *SHAPE)
+    assert all(c.arch is Arch.SM80 and not c.tma for c in tuner.seeder().other_gpus(
+        a100, a100.key(A100_DEVICE.name, 13000)))

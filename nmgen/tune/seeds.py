@@ -1,5 +1,7 @@
 """Where a study starts: its seeds, in this order, the family's reference kernel, the
-winners of the nearest shapes tuned so far, the kernels of other tuned patterns and
+winners of the nearest shapes tuned so far, other GPUs' winners of the problem moved here
+(``nmgen.other_gpus``: measured again on this GPU, as every seed is; the records a tune
+writes stay this GPU's), the kernels of other tuned patterns and
 vector lengths adapted to the problem (ranked by the model calibrated to the GPU's
 records: ``nmgen.transfer``), then the model's best guesses, one a seed shape
 (``model_seeds``). The worker that creates a study ranks them once for all workers
@@ -14,7 +16,8 @@ from sqlalchemy.engine import Engine
 
 from ..calibration import shipped_calibration
 from ..families.base import Config, Ranker, rank_table
-from ..policy import RelatedRecord, Winner, best_per_problem, related_records
+from ..other_gpus import GpuModel, borrowed, figures_of
+from ..policy import RelatedRecord, Winner, best_per_problem, other_gpu_records, related_records
 from ..shapes import shape_distance
 from ..store.records import ProblemKey
 from ..transfer import MODEL, ranked
@@ -23,6 +26,10 @@ from .task import TuneTask
 SEEDS_FROM_MODEL = 6
 SEEDS_FROM_TUNED = 3
 SEEDS_FROM_TRANSFER = 3  # kernels of other tuned patterns and vector lengths, adapted
+# Other GPUs' kernels of the problem, fastest moved here first: a quick tune on an H200
+# seeded without them found records of the example's 8:32 shapes that ran 0.73-1.18x the
+# H100's records moved there (results/other_gpus_h200/quick_records/).
+SEEDS_FROM_OTHER_GPUS = 3
 
 
 def seed_table(task: TuneTask) -> Ranker:
@@ -83,15 +90,18 @@ class Seeder:
     transfer_count: int = SEEDS_FROM_TRANSFER
     transfer_engines: tuple = ()
     related: dict = field(default_factory=dict)
+    other_gpu_count: int = SEEDS_FROM_OTHER_GPUS
 
     def seeds(self, task: TuneTask, key: ProblemKey) -> list[Config]:
         """What a study tries first, in this order: the family's hand-picked reference
         configuration (the reference no tuned shape should fall below; ``confirm`` times
         it again beside the finalists), the winners of the nearest shapes already tuned,
-        the kernels of other tuned patterns and vector lengths adapted to the problem
-        (``transfer_count``), then the model's best guesses."""
+        other GPUs' kernels of the problem (``other_gpu_count``), the kernels of other
+        tuned patterns and vector lengths adapted to the problem (``transfer_count``), then
+        the model's best guesses."""
         seeds = [*reference_seed(task), *self.neighbours(task, key),
-                 *self.transferred(task, key), *model_seeds(task, self.model_count)]
+                 *self.other_gpus(task, key), *self.transferred(task, key),
+                 *model_seeds(task, self.model_count)]
         return [c for c in dict.fromkeys(seeds) if task.space.contains(c)]
 
     def transferred(self, task: TuneTask, key: ProblemKey) -> list[Config]:
@@ -129,6 +139,29 @@ class Seeder:
             if (record.n, record.m, record.vec) != own:
                 found.setdefault((record.n, record.m, record.vec, record.shape), record)
         return list(found.values())
+
+    def other_gpus(self, task: TuneTask, key: ProblemKey) -> list[Config]:
+        """The ``other_gpu_count`` fastest of the kernels other GPUs' records of the
+        problem hold (in this database and ``transfer_engines``; those of this
+        architecture first, of the shape else of the nearest shape each GPU tuned),
+        rebuilt for this GPU's arch and their times moved here by the family's model, as
+        dispatch moves them."""
+        if self.other_gpu_count <= 0:
+            return []
+        records = [r for engine in (self.engine, *self.transfer_engines)
+                   for r in other_gpu_records(engine, key)]
+        if not records:
+            return []
+        here = GpuModel(task.gpu, shipped_calibration(task.family, key, task.gpu))
+
+        def models_of(other: ProblemKey) -> tuple[GpuModel, GpuModel]:
+            there = figures_of(other)
+            return here, GpuModel(there, shipped_calibration(task.family, other, there))
+
+        found = borrowed(task.family, task.problem, task.shape, records, models_of,
+                         task.family.tunes(task.shape))
+        return [b.config for b in found if task.space.contains(b.config)][
+            :self.other_gpu_count]
 
     def neighbours(self, task: TuneTask, key: ProblemKey) -> list[Config]:
         """The winners of the nearest shapes tuned so far (nearest first, at most
