@@ -54,7 +54,7 @@ SEED = run_seed()
 # compiled configuration (its shapes, M from 1, odd N and K, wide rows of A), and how many
 # tests share a family's configurations (pytest-xdist runs them side by side).
 FUZZ_CASES = int(os.environ.get("NMGEN_FUZZ_CASES", "10000"))
-FUZZ_PER_CONFIG = int(os.environ.get("NMGEN_FUZZ_PER_CONFIG", "200"))
+FUZZ_PER_CONFIG = int(os.environ.get("NMGEN_FUZZ_PER_CONFIG", "400"))
 FUZZ_SHARDS = int(os.environ.get("NMGEN_FUZZ_SHARDS", "4"))
 FUZZ_MAX_SIZE = 384
 
