@@ -143,7 +143,8 @@ def test_shipped_h100_records_of_other_shapes_do_not_outrank_the_sptc_model_on_a
     for shape in ((8, 3584, 18944), (32, 4096, 14336), (1, 18944, 3584)):
         ranking = dispatcher._ranking(problem, shape)
         assert ranking[0].config.family == "sptc", shape
-        assert {d.source for d in ranking[1:]} == {"other_gpu"}
+        # the H100's records moved here, and the H200's own 8:32 records adapted to 2:4
+        assert {d.source for d in ranking[1:]} <= {"other_gpu", "transfer"}
         assert all(d.tier == DISPATCH.ESTIMATES for d in ranking)
 
 
