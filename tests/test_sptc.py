@@ -202,9 +202,10 @@ def test_named_configurations_compile_without_spills(name):
 
 @pytest.mark.parametrize("m_tokens", [1, 8, 64])
 def test_a_transfer_of_another_family_does_not_outrank_a_shorter_estimate(m_tokens):
-    """Element-wise 2:4 decode on an H200 with the shipped records (the H100's, none of
-    L = 1): the gemv family's transfer from the H100's L = 128 problems is an estimate, as
-    the sparse-tensor-core model's choice is; the shorter one runs. (Ranked by source, the
+    """Element-wise 2:4 decode on an H200 with the shipped records (none of L = 1): the
+    gemv family's transfer from L = 128 problems (the H200's own of other patterns, or
+    the H100's) is an estimate, as the sparse-tensor-core model's choice is; the shorter
+    one runs. (Ranked by source, the
     transfer ran 0.05-0.91x dense BF16, the sparse-tensor-core choice 1.32-1.46x by M:
     results/sptc_h200/llama/summary.txt.)"""
     from nmgen.dispatch import ESTIMATES, Dispatcher
@@ -214,7 +215,8 @@ def test_a_transfer_of_another_family_does_not_outrank_a_shorter_estimate(m_toke
     problem = Problem(2, 4, 1, arch=Arch.SM90, dtype=DType.BF16)
     ranking = dispatcher._ranking(problem, (m_tokens, 11008, 4096))
     families = {d.config.family: d for d in ranking}
-    assert families["gemv"].source == "other_gpu" and families["sptc"].source == "model"
+    assert families["gemv"].source in {"transfer", "other_gpu"}
+    assert families["sptc"].source == "model"
     assert all(d.tier == ESTIMATES for d in ranking)
     assert ranking[0].config.family == "sptc"
     assert [d.time_ms for d in ranking] == sorted(d.time_ms for d in ranking)
