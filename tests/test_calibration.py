@@ -5,19 +5,26 @@ problems' kernels better than the model alone."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import nmgen
+from nmgen.bench.report import geomean
 from nmgen.calibration import MIN_SAMPLES, Calibration, Sample, fit, samples_of, shipped_calibration
+from nmgen.dispatch import problem_key
 from nmgen.families.f32_simt import F32_SIMT
 from nmgen.families.gemv import GEMV
 from nmgen.families.mma import MMA
-from nmgen.gpus import gpu_spec
-from nmgen.problem import Problem
+from nmgen.families.registry import config_from_name, family_of
+from nmgen.format import DType
+from nmgen.gpus import Arch, gpu_spec
+from nmgen.problem import ALayout, Problem
+from nmgen.runtime.device import DeviceInfo
 from nmgen.store.database import connect, shipped_db
 from nmgen.store.records import DeviceKey, ProblemKey
 
@@ -138,16 +145,6 @@ def test_the_shipped_h200_records_calibrate_the_models_for_shapes_nobody_tuned()
     records (nmgen.calibration) lands within 5 % of the fastest of them (geomean; the raw
     models: 1.59x), and the gemv model's estimates within 10 % of the measured times
     (geomean; raw: 2.5x short)."""
-    import json
-    from pathlib import Path
-
-    from nmgen.dispatch import problem_key
-    from nmgen.families.registry import config_from_name, family_of
-    from nmgen.format import DType
-    from nmgen.gpus import Arch
-    from nmgen.problem import ALayout
-    from nmgen.runtime.device import DeviceInfo
-
     probe = Path(__file__).resolve().parent.parent / "results" / "other_gpus_h200" / "order"
     rows = [json.loads(line) for line in (probe / "probe_l128.jsonl").read_text().splitlines()]
     h200, device = gpu_spec("h200"), DeviceInfo("NVIDIA H200", 132, 9, 0, 13020)
@@ -170,10 +167,6 @@ def test_the_shipped_h200_records_calibrate_the_models_for_shapes_nobody_tuned()
         raw_regret.append(min(scored)[2] / best)
         calibrated_regret.append(min(scored, key=lambda s: s[1])[2] / best)
     assert len(rows) == 43
-
-    def geomean(values):
-        return math.exp(sum(map(math.log, values)) / len(values))
-
     assert geomean(calibrated_regret) <= 1.05 < geomean(raw_regret)
     assert max(calibrated_regret) <= 1.25
     assert 1 / 1.1 <= geomean(gemv_ratio) <= 1.1

@@ -205,9 +205,8 @@ def test_a_transfer_of_another_family_does_not_outrank_a_shorter_estimate(m_toke
     """Element-wise 2:4 decode on an H200 with the shipped records (none of L = 1): the
     gemv family's transfer from L = 128 problems (the H200's own of other patterns, or
     the H100's) is an estimate, as the sparse-tensor-core model's choice is; the shorter
-    one runs. (Ranked by source, the
-    transfer ran 0.05-0.91x dense BF16, the sparse-tensor-core choice 1.32-1.46x by M:
-    results/sptc_h200/llama/summary.txt.)"""
+    one runs. (Ranked by source, the transfer ran 0.05-0.91x dense BF16, the
+    sparse-tensor-core choice 1.32-1.46x by M: results/sptc_h200/llama/summary.txt.)"""
     from nmgen.dispatch import ESTIMATES, Dispatcher
     from nmgen.runtime.device import DeviceInfo
 
