@@ -316,6 +316,13 @@ def kernel_listings(info: Any) -> list[tuple[str, Callable[[], list]]]:
                         (rows, 3584, 2048)) for rows in t.DISPATCH_ROWS]
         return out
 
+    def mmasp():
+        from nmgen.families.mmasp.config import MmaSpConfig
+
+        from . import test_mmasp_gpu as t
+
+        return [MmaSpConfig.from_name(name) for name in (*t.CONFIGS, t.PREFILL_TILE)]
+
     def mma_random():
         from . import test_mma_gpu as t
 
@@ -392,7 +399,8 @@ def kernel_listings(info: Any) -> list[tuple[str, Callable[[], list]]]:
             (HEAVY_GROUPS[2], wgmma_random), (HEAVY_GROUPS[3], gemv),  # HEAVY's order
             ("test_epilogue_gpu", epilogue), ("test_graph_capture_gpu", graphs),
             ("test_kernels_gpu", kernels), ("test_mma_gpu", mma), ("test_nn_gpu", nn),
-            ("test_wgmma_gpu", wgmma), ("test_sptc_gpu", sptc), ("others", others)]
+            ("test_wgmma_gpu", wgmma), ("test_sptc_gpu", sptc), ("test_mmasp_gpu", mmasp),
+            ("others", others)]
 
 
 def kernel_groups(info: Any, log: Callable[[str], None] = print

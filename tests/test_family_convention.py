@@ -13,7 +13,7 @@ from nmgen.gpus import gpu_spec
 from nmgen.problem import Problem
 
 PACKAGE = Path(registry.__file__).resolve().parent
-BUILT_IN = ("f32", "gemv", "mma", "wgmma", "sptc")
+BUILT_IN = ("f32", "gemv", "mma", "wgmma", "sptc", "mmasp")
 
 
 @pytest.mark.parametrize("folder", ["f32_simt", "gemv"])

@@ -137,14 +137,17 @@ def test_another_gpus_record_of_another_shape_is_an_estimate_ranked_by_time(h100
 def test_shipped_h100_records_of_other_shapes_do_not_outrank_the_sptc_model_on_an_h200():
     """2:4 L = 128 bf16 decode on an H200, shapes nobody tuned: the H100's `wgmma` and
     `gemv` records of the Llama shapes, moved here, ran 0.42-1.29x dense; the
-    sparse-tensor-core model's choice, 1.2-3.7x faster than them, now runs."""
+    sparse-tensor-core model's choice, 1.2-3.7x faster than them, now runs (either
+    sparse-tensor-core family's)."""
     dispatcher = Dispatcher(None, device=DeviceInfo("NVIDIA H200", 132, 9, 0, 13020))
     problem = Problem(2, 4, 128, arch=Arch.SM90, dtype=DType.BF16)
     for shape in ((8, 3584, 18944), (32, 4096, 14336), (1, 18944, 3584)):
         ranking = dispatcher._ranking(problem, shape)
-        assert ranking[0].config.family == "sptc", shape
+        sparse = {"sptc", "mmasp"}
+        assert ranking[0].config.family in sparse and ranking[0].source == "model", shape
         # the H100's records moved here, and the H200's own 8:32 records adapted to 2:4
-        assert {d.source for d in ranking[1:]} <= {"other_gpu", "transfer"}
+        assert {d.source for d in ranking if d.config.family not in sparse} <= {
+            "other_gpu", "transfer"}
         assert all(d.tier == DISPATCH.ESTIMATES for d in ranking)
 
 

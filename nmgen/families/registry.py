@@ -16,6 +16,7 @@ from .base import Config, Family
 from .f32_simt import F32_SIMT
 from .gemv import GEMV
 from .mma import MMA
+from .mmasp import MMASP
 from .space import ConfigError
 from .sptc import SPTC
 from .wgmma import WGMMA
@@ -106,4 +107,5 @@ register(GEMV)
 register(MMA)
 register(WGMMA)
 register(SPTC)
+register(MMASP)
 _load_plugins()

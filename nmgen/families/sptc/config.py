@@ -24,16 +24,14 @@ from ...format import MAX_M, DType
 from ...gpus import REGISTERS_PER_SM, Arch
 from ...problem import ALayout
 from ..space import ConfigError, ConfigRecord
+from ..sparse24.prepare import META_BYTES_PER_ROW, N_PAD, STAGE_K
 
 FAMILY = "sptc"
 TARGET = "sm_90a"  # wgmma.mma_async.sp needs the arch-specific target
 DTYPES = frozenset({DType.BF16, DType.F16})
 WARPGROUP = 128  # threads
-STAGE_K = 128  # dense K a stage: 64 kept values (one 128-byte row) a weight row
-MMA_K = 32  # dense K of one wgmma.sp
 ELEMENT_BYTES = 2
 ROW_BYTES = 128  # one 128-byte swizzled row
-META_BYTES_PER_ROW = STAGE_K // 8  # 4 bits a group of four: 16 bytes a row a stage
 BLOCK_MS = (64, 128, 256)  # output columns a block (the MMA's M)
 BLOCK_NS = (8, 16, 32, 64, 128, 256)  # rows of A a block (the MMA's N)
 MAX_WARPGROUPS = 2
@@ -63,26 +61,6 @@ NAME_EXAMPLE = "nm_sptc_bf16_n2m4l1_b128x128x128_g2_s4_k1_rm_sm90a"
 def granules(registers: int) -> int:
     """``registers`` rounded up to the allocation granule."""
     return -(-registers // REGISTER_GRANULE) * REGISTER_GRANULE
-
-
-def worst_group_count(n: int, m: int) -> int:
-    """The most kept elements an aligned group of four rows along K can hold, over every
-    weight of pattern ``n:m`` (windows of ``m`` rows keep ``n`` each)."""
-    period = 4 * m // _gcd(4, m)
-    worst = 0
-    for start in range(0, period, 4):
-        count = 0
-        for window in range(start // m, (start + 3) // m + 1):
-            overlap = min(start + 4, (window + 1) * m) - max(start, window * m)
-            count += min(n, overlap)
-        worst = max(worst, count)
-    return worst
-
-
-def _gcd(a: int, b: int) -> int:
-    while b:
-        a, b = b, a % b
-    return a
 
 
 @dataclass(frozen=True)
@@ -195,7 +173,8 @@ class SptcConfig(ConfigRecord):
                "some weight: n/m <= 1/2", 2 * self.n <= self.m)
         yield ("dtype bf16 or f16 (tensor-core operands)", self.dtype in DTYPES)
         yield ("arch sm_90 (compiled for sm_90a: wgmma.mma_async.sp)", self.arch is Arch.SM90)
-        yield (f"bm in {BLOCK_MS}", self.bm in BLOCK_MS)
+        yield (f"bm in {BLOCK_MS} (at most the layout's N_PAD, {N_PAD})",
+               self.bm in BLOCK_MS and self.bm <= N_PAD)
         yield (f"bn in {BLOCK_NS}", self.bn in BLOCK_NS)
         yield (f"1 <= warpgroups <= {MAX_WARPGROUPS}", self.warpgroups <= MAX_WARPGROUPS)
         yield (f"bm = 64 * tiles_m * warpgroups, tiles_m <= {MAX_TILES_M}",

@@ -7,7 +7,8 @@ from __future__ import annotations
 from ...gpus import Arch
 from ...problem import Problem
 from ..base import EPILOGUE_TEMPLATE, SHARED_TEMPLATES, TRANSPOSE_TEMPLATE, ModularFamily
-from .config import DTYPES, FAMILY, TARGET, SptcConfig, worst_group_count
+from ..sparse24.prepare import worst_group_count
+from .config import DTYPES, FAMILY, TARGET, SptcConfig
 from .space import SPACE
 
 DEVICE_TEMPLATE = SHARED_TEMPLATES / "device.cuh.j2"
@@ -20,6 +21,7 @@ class Sptc(ModularFamily):
     space = SPACE
     subspaces = {"full": SPACE}
     config_type = SptcConfig
+    base_package = "nmgen.families.sparse24"  # the weight layout, shared with mmasp
     shared_templates = (EPILOGUE_TEMPLATE, DEVICE_TEMPLATE, TRANSPOSE_TEMPLATE)
 
     def serves(self, problem: Problem) -> str | None:

@@ -1,5 +1,6 @@
-"""The weight as the sparse operand of ``wgmma.mma_async.sp`` (host side, NumPy), one layout
-for every configuration of the family.
+"""The weight as the sparse operand of the 2:4 MMAs (``wgmma.mma_async.sp`` and ``mma.sp``
+m16n8k32; host side, NumPy), one layout for every configuration of both sparse-tensor-core
+families (``sptc``, ``mmasp``).
 
 Every output column ``j`` (a row of ``Bᵀ``, the MMA's A) keeps, in every aligned group of
 four rows along K, at most two non-zero elements (-0.0 counts as zero); the weight is
@@ -8,13 +9,14 @@ non-zero elements, or zeros at unused positions, in ascending position.
 
 - ``values``: ``Np × Kp/2`` in the weight's dtype, K contiguous: column ``j``'s kept
   values in K order (``Kp`` = K padded to whole stages of ``STAGE_K``; ``Np`` = N padded
-  to whole blocks of the widest ``bm``, zero rows).
+  to whole blocks of ``N_PAD``, the widest ``bm`` of either family, zero rows).
 - ``meta``: the 2-bit positions as the MMA threads read them, a stage's metadata of a
   block contiguous (one bulk copy). A group's positions ``(i0, i1)`` make a nibble
   ``i0 | i1 << 2``; a row's 16 dense K of one ``wgmma.sp`` (four groups, the first in the
   low bits) make a half-word. The 32-bit operand of the thread ``(warp w, lane 4g + t)`` of
-  an m64 tile, ``t`` in {0, 1}, is row ``16w + g``'s half-word of K ``16t .. 16t + 15`` of
-  the MMA's 32, below row ``16w + g + 8``'s. Stored ``[stage][m64 tile][w][g][t][mma]``:
+  an m64 tile (for ``mma.sp``: the warp of its m16 tile ``w``), ``t`` in {0, 1}, is row
+  ``16w + g``'s half-word of K ``16t .. 16t + 15`` of the MMA's 32, below row
+  ``16w + g + 8``'s. Stored ``[stage][m64 tile][w][g][t][mma]``:
   ``uint32`` ``(Kp/STAGE_K) × (Np/64) × 64 × 4``.
 """
 
@@ -26,9 +28,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...format import NMMatrix
-from ..base import PreparedWeight, check_weight
-from .config import BLOCK_MS, MMA_K, STAGE_K, SptcConfig
+from ..base import Config, PreparedWeight, check_weight
 
+STAGE_K = 128  # dense K a stage of either family: 64 kept values (128 bytes) a weight row
+MMA_K = 32  # dense K of one wgmma.sp or mma.sp
+META_BYTES_PER_ROW = STAGE_K // 8  # 4 bits a group of four: 16 bytes a row a stage
+N_PAD = 256  # N is padded to whole blocks of the widest bm of either family
 COLUMN_CHUNK = 2048  # output columns made dense at a time (host memory)
 GROUP = 4  # the hardware's 2:4 groups along K
 MMAS_PER_STAGE = STAGE_K // MMA_K
@@ -52,7 +57,7 @@ class LayoutKey:
     family: str = "sptc"
 
 
-def layout_key(config: SptcConfig) -> LayoutKey:
+def layout_key(config: Config) -> LayoutKey:
     return LayoutKey()
 
 
@@ -62,10 +67,10 @@ def ceil_to(a: int, b: int) -> int:
 
 def padded_sizes(depth: int, cols: int) -> tuple[int, int]:
     """(Kp, Np): K to whole stages, N to whole blocks of the widest tile."""
-    return ceil_to(depth, STAGE_K), ceil_to(cols, max(BLOCK_MS))
+    return ceil_to(depth, STAGE_K), ceil_to(cols, N_PAD)
 
 
-def prepare(b: NMMatrix, config: SptcConfig) -> PreparedWeight:
+def prepare(b: NMMatrix, config: Config) -> PreparedWeight:
     check_weight(b, config)
     start = time.perf_counter()
     depth, cols = b.shape
@@ -134,3 +139,23 @@ def metadata(nibbles: np.ndarray) -> np.ndarray:
     words = words.reshape(tiles, 4, 8, stages, MMAS_PER_STAGE, 2)  # [T][w][g][S][mma][t]
     return np.ascontiguousarray(words.transpose(3, 0, 1, 2, 5, 4)).reshape(
         stages, tiles * 64 * MMAS_PER_STAGE).astype(np.uint32)
+
+
+def worst_group_count(n: int, m: int) -> int:
+    """The most kept elements an aligned group of four rows along K can hold, over every
+    weight of pattern ``n:m`` (windows of ``m`` rows keep ``n`` each)."""
+    period = 4 * m // _gcd(4, m)
+    worst = 0
+    for start in range(0, period, 4):
+        count = 0
+        for window in range(start // m, (start + 3) // m + 1):
+            overlap = min(start + 4, (window + 1) * m) - max(start, window * m)
+            count += min(n, overlap)
+        worst = max(worst, count)
+    return worst
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
