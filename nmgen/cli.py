@@ -302,9 +302,9 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _bench_untuned(args: argparse.Namespace) -> int:
-    from .bench.untuned import parse_problems, plan, plan_table, table_device, untuned_to_dir
+    from .bench.untuned import parse_problems, plan, plan_table, untuned_to_dir
     from .dispatch import Dispatcher
-    from .runtime.device import device_info
+    from .runtime.device import device_info, table_device
     from .store.database import database_url, shipped_db
 
     _at_least(("--repeat", args.repeat, 1))

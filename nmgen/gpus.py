@@ -66,6 +66,31 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in (
     GpuSpec("h200", Arch.SM90, 132, 2048, 66.9, 4800, 60),
 )}
 
+# Dense BF16/FP16 tensor-core peak (TFLOP/s, FP32 accumulation; datasheet) by GPU; others
+# are taken as DENSE_TENSOR_OVER_FP32 times their FP32 peak.
+DENSE_TENSOR_TFLOPS = {"a100": 312.0, "a10": 125.0, "rtx3090": 71.0, "l4": 121.0,
+                       "l40s": 362.0, "rtx4090": 165.0, "h100": 990.0, "h200": 990.0}
+DENSE_TENSOR_OVER_FP32 = 8.0
+# cuBLAS as nmgen's benches time it (one call, L2-cold): a fixed cost and shares of the
+# peaks. H200 bf16 (results/records_h200/, 60 shapes): M = 1 and 8 ran 7.8 us at 8 MB and
+# 4.1-4.3 TB/s at 0.3-0.4 GB; M = 2048 ran 740-800 TFLOP/s (655 at 2048^3).
+DENSE_FIXED_US = 5.5
+DENSE_COMPUTE_SHARE = 0.79
+DENSE_BANDWIDTH_SHARE = 0.92
+
+
+def dense_gemm_ms(spec: GpuSpec, shape: tuple[int, int, int], itemsize: int) -> float:
+    """A roofline estimate of the dense GEMM (cuBLAS) of ``shape`` (M, N, K) with
+    ``itemsize``-byte operands on ``spec``: 2-byte ones on the tensor cores, 4-byte ones on
+    the FP32 units."""
+    m, n, k = shape
+    peak = (DENSE_TENSOR_TFLOPS.get(spec.name, DENSE_TENSOR_OVER_FP32 * spec.peak_fp32_tflops)
+            if itemsize == 2 else spec.peak_fp32_tflops)
+    compute_ms = 2 * m * n * k / (DENSE_COMPUTE_SHARE * peak * 1e9)
+    memory_ms = itemsize * (m * k + k * n + m * n) / (DENSE_BANDWIDTH_SHARE * spec.dram_gbs * 1e6)
+    return DENSE_FIXED_US / 1e3 + max(compute_ms, memory_ms)
+
+
 # Substrings of CUDA device names, most specific first.
 _DEVICE_NAMES = (("H200", "h200"), ("H100", "h100"), ("A100", "a100"), ("L40S", "l40s"),
                  ("RTX 4090", "rtx4090"), ("RTX 3090", "rtx3090"), ("A10", "a10"),

@@ -206,11 +206,11 @@ def test_bench_untuned_dtype_is_parsed_as_tune_and_bench_parse_it():
 def test_bench_untuned_plans_bf16_without_a_gpu(tmp_path):
     """``bench-untuned --dtype bf16 --plan``: the model's bf16 choice from an empty
     database against the exact bf16 records of a small tuned one, K-major A too."""
-    from nmgen.bench.untuned import table_device
     from nmgen.dispatch import Dispatcher, problem_key
     from nmgen.families.registry import family_of
     from nmgen.format import DType
     from nmgen.problem import ALayout, Problem
+    from nmgen.runtime.device import table_device
     from nmgen.store.database import connect
     from nmgen.store.records import record_trial
     from nmgen.store.tables import TrialStatus

@@ -27,7 +27,6 @@ from nmgen.bench.untuned import (
     read_csv,
     row_of,
     summary_table,
-    table_device,
     write_csv,
 )
 from nmgen.dispatch import Dispatcher, problem_key
@@ -35,6 +34,7 @@ from nmgen.families.f32_simt import F32_SIMT
 from nmgen.families.registry import family_of
 from nmgen.format import DType
 from nmgen.problem import ALayout, Problem
+from nmgen.runtime.device import table_device
 from nmgen.store.database import connect
 from nmgen.store.records import DeviceKey, ProblemKey, record_trial
 from nmgen.store.tables import TrialStatus

@@ -24,9 +24,8 @@ from typing import Any
 from ..dispatch import Decision, Dispatcher
 from ..families.base import Config
 from ..format import DType, NMMatrix, Pattern
-from ..gpus import Arch, gpu_spec
+from ..gpus import Arch
 from ..problem import ALayout, Problem
-from ..runtime.device import DeviceInfo
 from ..shapes import Shape
 from .dense import dense_of
 from .report import CSV_DTYPE, geomean, markdown_table
@@ -121,14 +120,6 @@ def plan(problems: Sequence[tuple[Pattern, int]], shapes: Sequence[Shape],
         raise ValueError(f"the tuned database lacks {len(missing)} problems, e.g. "
                          f"{missing[0]}: tune them first")
     return out
-
-
-def table_device(gpu: str) -> DeviceInfo:
-    """A stand-in for the device of GPU table entry ``gpu`` (planning without a GPU;
-    records of any CUDA runtime then count as another runtime's)."""
-    spec = gpu_spec(gpu)
-    return DeviceInfo(f"NVIDIA {spec.name.upper()}", spec.sms, spec.arch.number // 10,
-                      spec.arch.number % 10, 0)
 
 
 def plan_table(planned: Sequence[Planned]) -> str:

@@ -11,9 +11,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..dispatch import Dispatcher
 from ..families.registry import serving
 from ..format import DType, Pattern, check_vec
-from ..problem import Problem
+from ..gpus import dense_gemm_ms, spec_or_h100, table_name
+from ..problem import ALayout, Problem
+from ..runtime.device import DeviceInfo, device_count, device_info, table_device
 from ..shapes import MAX_DIM
 from .fuse import (
     FusedGroup,
@@ -206,11 +209,67 @@ def _shared_weights(model: nn.Module) -> set[int]:
     return {key for key, count in seen.items() if count > 1}
 
 
+# ------------------------------------------------------------------------ speed
+class SpeedPredictor:
+    """Whether a layer is predicted at least ``min_speedup`` times faster sparse than
+    dense at every M of ``batch``: nmgen's time is its dispatch decision's (a tuned record,
+    scaled to the shape where it is another shape's, or a family model's estimate) on
+    ``gpu``; the dense time a roofline of the GPU's datasheet peaks
+    (``nmgen.gpus.dense_gemm_ms``), row-major activations."""
+
+    def __init__(self, min_speedup: float, batch: int | Iterable[int], gpu: str | None):
+        if (isinstance(min_speedup, bool) or not isinstance(min_speedup, (int, float))
+                or not min_speedup > 0):
+            raise ValueError(f"min_speedup={min_speedup!r}: expected a number > 0 (1.0: no "
+                             "layer predicted slower than dense)")
+        batches = [batch] if isinstance(batch, int) else list(batch)
+        if not batches or not all(isinstance(m, int) and not isinstance(m, bool) and m >= 1
+                                  for m in batches):
+            raise ValueError(f"batch={batch!r}: expected a token count >= 1 or a list of them")
+        self.min_speedup, self.batches = float(min_speedup), batches
+        self.device = _device_for(gpu)
+        self.spec = spec_or_h100(table_name(self.device.name))
+        self.dispatcher = Dispatcher(device=self.device)
+
+    def speedups(self, linear: nn.Module, pattern: Pattern, vec: int
+                 ) -> list[tuple[int, float, str]]:
+        """(M, predicted speedup over dense, the kernel and its evidence) at each M."""
+        dtype = DType.of(linear.weight)
+        problem = Problem(pattern.n, pattern.m, vec, ALayout.ROW_MAJOR, self.device.arch, dtype)
+        out = []
+        for rows in self.batches:
+            shape = (rows, linear.out_features, linear.in_features)
+            decision = self.dispatcher.decide(problem, shape)
+            nmgen_ms = decision.at_shape_ms or decision.time_ms
+            dense_ms = dense_gemm_ms(self.spec, shape, dtype.itemsize)
+            speedup = dense_ms / nmgen_ms if nmgen_ms else 0.0
+            out.append((rows, speedup, f"{decision.config.name} ({decision.source})"))
+        return out
+
+    def too_slow(self, linear: nn.Module, pattern: Pattern, vec: int) -> str | None:
+        """Why ``linear`` stays dense, or ``None``."""
+        for rows, speedup, kernel in self.speedups(linear, pattern, vec):
+            if speedup < self.min_speedup:
+                return (f"predicted {speedup:.2f}x dense at M={rows} on {self.spec.name}, "
+                        f"below min_speedup={self.min_speedup:g}: {kernel}")
+        return None
+
+
+def _device_for(gpu: str | None) -> DeviceInfo:
+    if gpu is not None:
+        return table_device(gpu)
+    if device_count() == 0:
+        raise ValueError("min_speedup predicts for a GPU and none is present: name one "
+                         "(gpu='h100', 'h200', 'a100', ...)")
+    return device_info()
+
+
 # ------------------------------------------------------------------------ sparsify
 def sparsify(model: nn.Module, pattern: str | tuple[int, int] | Pattern, vec: int, *,
              include: Selector | None = None, exclude: Selector | None = None,
              fuse: bool = True, siblings: Groups | None = None,
-             compiled_inputs_unchanged: bool = False) -> SparsifySummary:
+             compiled_inputs_unchanged: bool = False, min_speedup: float | None = None,
+             batch: int | Iterable[int] = 1, gpu: str | None = None) -> SparsifySummary:
     """Replace, in place, every ``nn.Linear`` of ``model`` whose dotted name matches
     ``include`` (default: all) and not ``exclude`` by ``SparseLinear.from_dense(linear,
     pattern, vec)``. A selector is a glob (``"*.mlp.*"``), a list of globs, or a
@@ -222,7 +281,12 @@ def sparsify(model: nn.Module, pattern: str | tuple[int, int] | Pattern, vec: in
     names, e.g. ``nmgen.nn.LLAMA_SIBLINGS``), each group of replaced layers of one parent
     that read the same input becomes one product (``fuse_siblings``; off by default: the
     layers become ``FusedSlice`` modules whose outputs are views, and it pays only where
-    the model calls them on the same tensor; ``compiled_inputs_unchanged`` as there)."""
+    the model calls them on the same tensor; ``compiled_inputs_unchanged`` as there).
+    With ``min_speedup`` (off by default), a layer stays dense where nmgen's best known
+    kernel is predicted slower than ``min_speedup`` times the dense product at any of the
+    ``batch`` token counts (M), the summary naming the prediction (``SpeedPredictor``);
+    ``gpu`` (a GPU table name, e.g. ``"h100"``) is the GPU predicted for, by default the
+    one present."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     pat = Pattern.parse(pattern)
@@ -231,6 +295,7 @@ def sparsify(model: nn.Module, pattern: str | tuple[int, int] | Pattern, vec: in
     if siblings is not None:
         siblings = check_groups(siblings)
     summary = SparsifySummary(str(pat), vec)
+    predictor = None if min_speedup is None else SpeedPredictor(min_speedup, batch, gpu)
     shared = _shared_weights(model)
     parents = dict(model.named_modules())
     layers = [(name, module) for name, module in model.named_modules()
@@ -251,6 +316,8 @@ def sparsify(model: nn.Module, pattern: str | tuple[int, int] | Pattern, vec: in
         reason = ("the model itself is the Linear: use SparseLinear.from_dense"
                   if parent is None else
                   servable(name, module, pat, vec, parent, id(module.weight) in shared))
+        if reason is None and predictor is not None:
+            reason = predictor.too_slow(module, pat, vec)
         if reason is None:
             reason = _replace(summary, parent, attr, name, module, pat, vec)
         if reason is not None:

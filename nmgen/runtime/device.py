@@ -12,7 +12,7 @@ import numpy as np
 
 from ..compiler.nvrtc import cupy
 from ..format import DType
-from ..gpus import Arch, arch_of_capability
+from ..gpus import Arch, arch_of_capability, gpu_spec
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,14 @@ class DeviceInfo:
     @property
     def arch(self) -> Arch:
         return arch_of_capability(self.major, self.minor)
+
+
+def table_device(gpu: str) -> DeviceInfo:
+    """A stand-in for the device of GPU table entry ``gpu`` (planning without a GPU;
+    records of any CUDA runtime then count as another runtime's)."""
+    spec = gpu_spec(gpu)
+    return DeviceInfo(f"NVIDIA {spec.name.upper()}", spec.sms, spec.arch.number // 10,
+                      spec.arch.number % 10, 0)
 
 
 _DEVICE_INFO: dict[int, DeviceInfo] = {}
