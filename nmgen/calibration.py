@@ -162,6 +162,8 @@ def _fit_shipped(family: Family, key: ProblemKey, gpu: GpuSpec) -> Calibration:
         finally:
             engine.dispose()
 
+    # The records read are those of the family's generator (its templates): an edit of
+    # them orphans the records, and restoring it must find them again.
     cached = cache_file("calibration", (family.name, key.gpu, key.arch, key.dtype, gpu, RIDGE),
-                        (*family.source_files(), path, __file__))
+                        (*family.source_files(), *family.generator_files(), path, __file__))
     return load_or_build(cached, build, Calibration)

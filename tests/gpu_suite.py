@@ -217,13 +217,14 @@ def with_twins(configs: list) -> list:
 def fuzz_kernels(info: Any) -> dict[str, list]:
     """Each family's fuzz configurations (``selftest.family_configs``), as the shards take
     them."""
-    from nmgen.bench.selftest import family_configs, serves_any
+    from nmgen.bench.selftest import family_configs, fuzz_arch
     from nmgen.families.registry import all_families
     from nmgen.gpus import spec_or_h100, table_name
 
     gpu = spec_or_h100(table_name(info.name))
-    return {f.name: family_configs(f, SEED, FUZZ_CASES, FUZZ_PER_CONFIG, info.arch, gpu)
-            for f in all_families() if serves_any(f, info.arch)}
+    archs = {f.name: fuzz_arch(f, info.arch) for f in all_families()}
+    return {f.name: family_configs(f, SEED, FUZZ_CASES, FUZZ_PER_CONFIG, archs[f.name], gpu)
+            for f in all_families() if archs[f.name] is not None}
 
 
 def kernel_listings(info: Any) -> list[tuple[str, Callable[[], list]]]:

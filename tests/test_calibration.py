@@ -106,6 +106,22 @@ def test_shipped_calibration_of_each_family_with_records():
     assert not shipped_calibration(F32_SIMT, key_of(F32_SIMT, gpu="a100"), GPU).fitted
 
 
+def test_the_kept_calibration_is_keyed_on_the_familys_templates(tmp_path, monkeypatch):
+    """Records are keyed on the family's generator: a calibration fitted while a template
+    differed (its records orphaned, none read) is not the one found once it is restored."""
+    import nmgen.calibration as calibration
+
+    monkeypatch.setenv("NMGEN_CACHE_DIR", str(tmp_path))
+    template = tmp_path / "template.cu.j2"
+    monkeypatch.setattr(type(GEMV), "generator_files", lambda self: (template,))
+    kept = lambda: sorted((tmp_path / "calibration").glob("*.pickle"))  # noqa: E731
+    for text in ("edited", "restored"):
+        template.write_text(text)
+        monkeypatch.setattr(calibration, "_SHIPPED", {})
+        shipped_calibration(GEMV, key_of(GEMV, "bf16"), GPU)
+    assert len(kept()) == 2
+
+
 def _pairs_in_order(samples: list[Sample], predict) -> float:
     """The share of each problem's trial pairs more than 3 % apart that ``predict``
     orders as measured."""

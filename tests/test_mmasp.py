@@ -52,12 +52,16 @@ def test_rules_name_what_breaks(changes, rule):
         CONFIG.replace(**changes)
 
 
-def test_serves_patterns_that_fit_2of4_on_every_arch():
-    for arch in Arch:
+def test_serves_patterns_that_fit_2of4_below_sm90_and_leaves_sm90_to_sptc():
+    for arch in (Arch.SM80, Arch.SM86, Arch.SM89):
         for n, m, vec in ((2, 4, 1), (1, 4, 1), (1, 2, 1), (2, 8, 16), (2, 4, 128)):
             assert MMASP.serves(Problem(n, m, vec, arch=arch, dtype=DType.BF16)) is None
-    assert "2:4" in MMASP.serves(Problem(4, 8, 1, dtype=DType.BF16))
-    assert "bf16" in MMASP.serves(Problem(2, 4, 1))  # FP32
+    sm90 = Problem(2, 4, 1, arch=Arch.SM90, dtype=DType.BF16)
+    assert "sptc" in MMASP.serves(sm90)
+    assert "mmasp" not in {f.name for f in serving(sm90)}
+    assert "sptc" in {f.name for f in serving(sm90)}
+    assert "2:4" in MMASP.serves(Problem(4, 8, 1, arch=Arch.SM80, dtype=DType.BF16))
+    assert "bf16" in MMASP.serves(Problem(2, 4, 1, arch=Arch.SM80))  # FP32
     sm80 = Problem(2, 4, 1, arch=Arch.SM80, dtype=DType.BF16)
     assert "mmasp" in {f.name for f in serving(sm80)}
     assert "sptc" not in {f.name for f in serving(sm80)}  # wgmma.sp: sm_90 only

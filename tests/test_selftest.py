@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from nmgen.bench.selftest import Case, draw_config, draw_shapes, shrink
 from nmgen.families.f32_simt import F32_SIMT
 from nmgen.gpus import Arch, gpu_spec
@@ -36,11 +38,13 @@ def test_a_failure_shrinks_to_a_minimal_case():
 
 
 def test_about_half_the_draws_carry_an_epilogue_of_each_kind():
+    from nmgen.bench.selftest import fuzz_arch
     from nmgen.families.registry import all_families
 
     rng = random.Random(2)
     for family in all_families():
-        configs = [draw_config(family, rng, Arch.SM90, gpu_spec("h100")) for _ in range(200)]
+        arch = fuzz_arch(family, Arch.SM90)
+        configs = [draw_config(family, rng, arch, gpu_spec("h100")) for _ in range(200)]
         tags = {c.epilogue.tag for c in configs}
         assert 60 < sum(bool(c.epilogue) for c in configs) < 140, family.name
         assert len(tags) == 10, (family.name, tags)  # none and the nine epilogues
@@ -55,3 +59,23 @@ def test_a_family_of_one_arch_draws_nothing_on_another():
     rng = random.Random(3)
     configs = [draw_config(WGMMA, rng, Arch.SM90, gpu_spec("h100")) for _ in range(50)]
     assert {c.vec for c in configs} <= {64, 128} and len({c.n for c in configs}) > 2
+
+
+def test_a_family_of_older_archs_is_fuzzed_at_the_newest_one_it_serves():
+    """mmasp leaves sm_90 to sptc, yet its kernels run on an H200: the fuzz draws them for
+    sm_89 there; a family serving the GPU's arch is drawn for it; one newer than the GPU's,
+    never."""
+    from nmgen.bench.selftest import fuzz_arch
+    from nmgen.families.gemv import GEMV
+    from nmgen.families.mmasp import MMASP
+    from nmgen.families.sptc import SPTC
+
+    assert fuzz_arch(MMASP, Arch.SM90) is Arch.SM89
+    assert fuzz_arch(MMASP, Arch.SM80) is Arch.SM80
+    assert fuzz_arch(SPTC, Arch.SM90) is Arch.SM90 and fuzz_arch(SPTC, Arch.SM89) is None
+    assert fuzz_arch(GEMV, Arch.SM90) is Arch.SM90
+    rng = random.Random(5)
+    configs = [draw_config(MMASP, rng, Arch.SM89, gpu_spec("h200")) for _ in range(20)]
+    assert {c.arch for c in configs} == {Arch.SM89}
+    with pytest.raises(ValueError, match="serves no problem on sm_80"):
+        draw_config(SPTC, rng, Arch.SM80, gpu_spec("h100"))

@@ -41,6 +41,7 @@ from .space import ConfigError, SearchSpace
 SHARED_TEMPLATES = Path(__file__).resolve().parent / "templates"
 EPILOGUE_TEMPLATE = SHARED_TEMPLATES / "epilogue.cuh.j2"
 TRANSPOSE_TEMPLATE = SHARED_TEMPLATES / "transpose.cuh.j2"
+DEVICE_TEMPLATE = SHARED_TEMPLATES / "device.cuh.j2"
 
 
 class Config(Protocol):

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 from ...gpus import Arch
 from ...problem import Problem
-from ..base import EPILOGUE_TEMPLATE, SHARED_TEMPLATES, TRANSPOSE_TEMPLATE, ModularFamily
+from ..base import DEVICE_TEMPLATE, EPILOGUE_TEMPLATE, TRANSPOSE_TEMPLATE, ModularFamily
 from ..sparse24.prepare import worst_group_count
 from .config import DTYPES, FAMILY, TARGET, SptcConfig
 from .space import SPACE
-
-DEVICE_TEMPLATE = SHARED_TEMPLATES / "device.cuh.j2"
 
 
 class Sptc(ModularFamily):
