@@ -10,6 +10,7 @@ import random
 import pytest
 
 import nmgen
+from nmgen.bench.selftest import fuzz_arch
 from nmgen.compiler.nvcc import compile_with_nvcc, parse_ptxas_report
 from nmgen.families.f32_simt.config import ATile
 from nmgen.families.f32_simt.model import min_blocks_per_sm, register_budget
@@ -201,8 +202,9 @@ def test_every_family_compiles(family, seed):
     """A new family without a template, or with one that does not build, fails here:
     sampled configurations of each registered family, every entry point."""
     dtype = sorted(family.dtypes, key=lambda d: d.value)[0]
-    problem = next(p for p in (Problem(2, 4, 8, dtype=dtype),  # the first it serves
-                               Problem(2, 4, 64, ALayout.K_MAJOR, dtype=dtype))
+    arch = fuzz_arch(family, Arch.SM90)  # sm_90, else the newest it serves (mmasp: sm_89)
+    problem = next(p for p in (Problem(2, 4, 8, arch=arch, dtype=dtype),  # the first it serves
+                               Problem(2, 4, 64, ALayout.K_MAJOR, arch, dtype))
                    if family.serves(p) is None)
     config = family.space.sample(problem, random.Random(seed))
     compiled = compile_with_nvcc(nmgen.render(config))

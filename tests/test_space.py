@@ -15,7 +15,7 @@ from nmgen.families.base import enumeration
 from nmgen.families.f32_simt import F32_SIMT
 from nmgen.families.f32_simt.space import CORE_BEST, CORE_SPACE, SPACE, core_config
 from nmgen.families.space import ConfigError, Param, SearchSpace
-from nmgen.gpus import Arch, gpu_spec
+from nmgen.gpus import GPUS, Arch, gpu_spec
 from nmgen.problem import ALayout, Problem
 from nmgen.tune.replay import search_space
 from nmgen.tune.task import TuneTask
@@ -156,12 +156,17 @@ def test_enumeration_is_kept_on_disk_and_rebuilt_when_unreadable(tmp_path, monke
 def test_every_family_declares_its_space_once(family):
     """For every registered family: a study's parameters are the declared ones, every
     enumerated configuration is reachable from them, and values round-trip."""
+    from nmgen.bench.selftest import fuzz_arch
+
     dtype = sorted(family.dtypes, key=lambda d: d.value)[-1]
-    problem = next(p for p in (Problem(4, 16, 16, dtype=dtype),  # the first it serves
-                               Problem(4, 16, 64, ALayout.K_MAJOR, dtype=dtype),
-                               Problem(2, 4, 1, dtype=dtype))
+    arch = fuzz_arch(family, Arch.SM90)  # sm_90, else the newest it serves (mmasp: sm_89)
+    problem = next(p for p in (Problem(4, 16, 16, arch=arch, dtype=dtype),  # the first it serves
+                               Problem(4, 16, 64, ALayout.K_MAJOR, arch, dtype),
+                               Problem(2, 4, 1, arch=arch, dtype=dtype))
                    if family.serves(p) is None)
-    task = TuneTask(gpu_spec("h100"), family, problem, 64, 256, 512)
+    gpu = gpu_spec("h100") if arch is Arch.SM90 else next(
+        g for g in GPUS.values() if g.arch is arch)
+    task = TuneTask(gpu, family, problem, 64, 256, 512)
     choices = task.space.choices(problem)
     assert tuple(choices) == family.space.names
     configs = list(family.space.enumerate(problem))
